@@ -1,0 +1,244 @@
+"""Token-tree verification: which draft nodes the target accepts, and the token that follows.
+
+One operation, three implementations with one signature (mlx-lm's `gated_delta.py` pattern):
+`verify_ops` (pure MLX, runs everywhere; the reference), `verify_cuda` (kernels/verify_cuda.py)
+and `verify_metal` (kernels/verify_metal.py). `verify` picks one.
+
+A chain is the tree with `parents = [-1, 0, 1, ...]`. Node 0 is the root (the last committed
+token; its own token is not verified). `logits[:, c]` is the target's prediction after node `c`.
+
+Rules (lossless):
+    greedy: walk from the root; at node `c` follow the first child whose token equals
+        argmax(logits[c]); the next token is the argmax at the deepest accepted node.
+    sampling (recursive rejection sampling, SpecInfer / EAGLE): at an accepted node `c`,
+        p = softmax(logits[c]); for each child j in index order, accept with probability
+        min(1, p(x_j) / q_j(x_j)); on rejection p <- normalize(max(0, p - q_j)) and try the
+        next sibling. When no child is accepted the next token is sampled from p (the residual
+        after rejections, or the target itself at a leaf: the bonus token).
+    `q_j` is `draft_probs[:, j]`, the distribution node j was drawn from; None means a
+    deterministic drafter (q one-hot on the token), which makes rejection zero out x_j.
+
+Only the first `MAX_SIBLINGS` children of a node are tried (the kernels keep per-sibling
+state in fixed shared memory); never trying a candidate keeps the result lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+MAX_SIBLINGS = 64
+
+
+@dataclass
+class VerifyResult:
+    """What the target kept of a token tree.
+
+    Attributes:
+        choice: (B, N) int32 token the target puts after node c if the walk reaches c
+            (its accepted child's token, else argmax / the residual sample).
+        child: (B, N) int32 accepted child of node c, -1 when none (or c is a leaf).
+        accepted: (B, N) bool node on the accepted path (the root always is).
+        path: (B, N) int32 accepted node indices from the root (path[:, 0] == 0), -1 padded.
+        num_accepted: (B,) int32 accepted draft nodes (the root not counted).
+        next_token: (B,) int32 the token after the deepest accepted node (correction or bonus).
+    """
+
+    choice: mx.array  # (B, N)
+    child: mx.array  # (B, N)
+    accepted: mx.array  # (B, N)
+    path: mx.array  # (B, N)
+    num_accepted: mx.array  # (B,)
+    next_token: mx.array  # (B,)
+
+
+def check_parents(parents) -> np.ndarray:
+    """`parents` as an int32 numpy array after checking it is a tree in topological order.
+
+    Raises:
+        ValueError: when parents[0] != -1 or some parents[j] is not in [0, j).
+    """
+    p = np.asarray(parents, dtype=np.int64).reshape(-1)
+    if p.size == 0 or p[0] != -1:
+        raise ValueError("parents[0] must be -1 (node 0 is the root)")
+    j = np.arange(p.size)
+    bad = (p[1:] < 0) | (p[1:] >= j[1:])
+    if bad.any():
+        k = int(np.argmax(bad)) + 1
+        raise ValueError(f"parents[{k}] = {int(p[k])}: every node's parent must come before it")
+    return p.astype(np.int32)
+
+
+def children_table(parents) -> np.ndarray:
+    """(N, K) int32: the first `MAX_SIBLINGS` children of each node in index order, -1 padded."""
+    p = check_parents(parents)
+    kids: list[list[int]] = [[] for _ in range(p.size)]
+    for j in range(1, p.size):
+        if len(kids[p[j]]) < MAX_SIBLINGS:
+            kids[p[j]].append(j)
+    k = max(1, max(len(c) for c in kids))
+    table = np.full((p.size, k), -1, dtype=np.int32)
+    for i, c in enumerate(kids):
+        table[i, : len(c)] = c
+    return table
+
+
+def tree_depths(parents) -> np.ndarray:
+    """(N,) int32 depth of each node (the root is 0)."""
+    p = check_parents(parents)
+    d = np.zeros(p.size, dtype=np.int32)
+    for j in range(1, p.size):
+        d[j] = d[p[j]] + 1
+    return d
+
+
+def draw_uniforms(batch: int, num_nodes: int, key: mx.array | None = None) -> mx.array:
+    """(B, N, 2) float32 uniforms in [0, 1): [..., 0] tests node j as a child, [..., 1]
+    samples the token after node c when the walk stops there."""
+    return mx.random.uniform(shape=(batch, num_nodes, 2), key=key)
+
+
+def verify_ops(
+    logits: mx.array,
+    tokens: mx.array,
+    parents,
+    draft_probs: mx.array | None,
+    uniforms: mx.array | None,
+    greedy: bool,
+) -> VerifyResult:
+    """Pure-MLX reference (vectorised over every node at once, one step per sibling rank).
+
+    Args:
+        logits: (B, N, V) target logits per node, already temperature-scaled and filtered
+            (-inf outside top-k / top-p).
+        tokens: (B, N) int32 node tokens (tokens[:, 0], the root, is not verified).
+        parents: (N,) int32 parent index per node (parents[0] == -1, parents[j] < j).
+        draft_probs: (B, N, V) distribution each node was drawn from, or None (one-hot).
+        uniforms: (B, N, 2) float32 in [0, 1) (see `draw_uniforms`); unused under greedy.
+        greedy: argmax acceptance when True, rejection sampling otherwise.
+    """
+    table = children_table(parents)  # (N, K)
+    depth = int(tree_depths(parents).max())
+    B, N, V = logits.shape
+    tokens = tokens.astype(mx.int32)
+    lf = logits.astype(mx.float32)  # (B, N, V)
+    child = mx.full((B, N), -1, dtype=mx.int32)
+    searching = mx.ones((B, N), dtype=mx.bool_)
+    if greedy:
+        am = mx.argmax(lf, axis=-1).astype(mx.int32)  # (B, N)
+        for k in range(table.shape[1]):
+            ch = mx.array(table[:, k])  # (N,)
+            valid = ch >= 0
+            x = mx.take(tokens, mx.maximum(ch, 0), axis=1)  # (B, N)
+            acc = searching & valid & (x == am)
+            child = mx.where(acc, ch, child)
+            searching = searching & ~acc
+        choice = am
+    else:
+        if uniforms is None:
+            raise ValueError("sampling verification needs uniforms (see draw_uniforms)")
+        uf = uniforms.astype(mx.float32)
+        R = mx.exp(lf - mx.max(lf, axis=-1, keepdims=True))  # (B, N, V) unnormalised p
+        M = mx.sum(R, axis=-1)  # (B, N) its mass
+        vocab = mx.arange(V, dtype=mx.int32)
+        for k in range(table.shape[1]):
+            ch = mx.array(table[:, k])
+            valid = ch >= 0
+            chc = mx.maximum(ch, 0)
+            x = mx.take(tokens, chc, axis=1)  # (B, N)
+            rx = mx.take_along_axis(R, x[..., None], axis=-1)[..., 0]  # (B, N)
+            u = mx.take(uf[..., 0], chc, axis=1)  # (B, N)
+            if draft_probs is None:
+                qx = mx.ones_like(rx)
+            else:
+                q = mx.take(draft_probs, chc, axis=1).astype(mx.float32)  # (B, N, V)
+                qx = mx.take_along_axis(q, x[..., None], axis=-1)[..., 0]
+            acc = searching & valid & ((u * qx) * M < rx)
+            rej = searching & valid & ~acc
+            child = mx.where(acc, ch, child)
+            searching = searching & ~acc
+            if draft_probs is None:
+                R = mx.where(rej[..., None] & (vocab == x[..., None]), 0.0, R)
+                M = mx.where(rej, M - rx, M)
+            else:
+                R = mx.where(rej[..., None], mx.maximum(R - M[..., None] * q, 0.0), R)
+                M = mx.where(rej, mx.sum(R, axis=-1), M)
+        sample = _inverse_cdf(R, uf[..., 1])  # (B, N)
+        taken = mx.take_along_axis(tokens, mx.maximum(child, 0), axis=1)  # (B, N)
+        choice = mx.where(child >= 0, taken, sample)
+    return walk_ops(choice, child, depth)
+
+
+def _inverse_cdf(R: mx.array, u: mx.array) -> mx.array:
+    """(B, N) first index whose inclusive cumulative mass exceeds u * total mass."""
+    V = R.shape[-1]
+    cdf = mx.cumsum(R, axis=-1)  # (B, N, V)
+    target = u * cdf[..., -1]
+    idx = mx.sum(cdf <= target[..., None], axis=-1).astype(mx.int32)
+    # Rounding can push the target past the last bucket: stay on a token with mass.
+    last = (V - 1 - mx.argmax((R > 0)[..., ::-1], axis=-1)).astype(mx.int32)
+    return mx.minimum(idx, last)
+
+
+def walk_ops(choice: mx.array, child: mx.array, depth: int) -> VerifyResult:
+    """Follow accepted children from the root: the path, its length and the next token."""
+    B, N = child.shape
+    cur = mx.zeros((B,), dtype=mx.int32)
+    alive = mx.ones((B,), dtype=mx.bool_)
+    cols = [cur]
+    for _ in range(min(depth, N - 1)):
+        nxt = mx.take_along_axis(child, cur[:, None], axis=1)[:, 0]
+        alive = alive & (nxt >= 0)
+        cur = mx.where(alive, nxt, cur)
+        cols.append(mx.where(alive, nxt, -1))
+    path = mx.stack(cols, axis=1)  # (B, depth + 1)
+    if path.shape[1] < N:
+        path = mx.concatenate([path, mx.full((B, N - path.shape[1]), -1, mx.int32)], axis=1)
+    num = mx.sum(path >= 0, axis=1).astype(mx.int32) - 1
+    accepted = mx.any(path[:, :, None] == mx.arange(N)[None, None, :], axis=1)  # (B, N)
+    nxt_tok = mx.take_along_axis(choice, cur[:, None], axis=1)[:, 0]
+    return VerifyResult(choice, child, accepted, path.astype(mx.int32), num, nxt_tok)
+
+
+def _backend() -> str:
+    if mx.default_device().type != mx.DeviceType.gpu:
+        return "ops"
+    from . import verify_cuda, verify_metal
+
+    if verify_cuda.available():
+        return "cuda"
+    if verify_metal.available():
+        return "metal"
+    return "ops"
+
+
+def verify(
+    logits: mx.array,
+    tokens: mx.array,
+    parents,
+    draft_probs: mx.array | None = None,
+    uniforms: mx.array | None = None,
+    greedy: bool = True,
+    backend: str | None = None,
+) -> VerifyResult:
+    """Verify a token tree with the fastest implementation present (see `verify_ops`).
+
+    `backend` forces "ops", "cuda" or "metal"; by default the GPU kernel of the current
+    device is used and the pure-MLX reference on the CPU.
+    """
+    backend = backend or _backend()
+    if not greedy and uniforms is None:
+        uniforms = draw_uniforms(tokens.shape[0], tokens.shape[1])
+    if backend == "ops":
+        return verify_ops(logits, tokens, parents, draft_probs, uniforms, greedy)
+    if backend == "cuda":
+        from .verify_cuda import verify_cuda
+
+        return verify_cuda(logits, tokens, parents, draft_probs, uniforms, greedy)
+    if backend == "metal":
+        from .verify_metal import verify_metal
+
+        return verify_metal(logits, tokens, parents, draft_probs, uniforms, greedy)
+    raise ValueError(f"unknown verify backend {backend!r} (ops, cuda or metal)")
