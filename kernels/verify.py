@@ -18,6 +18,11 @@ Rules (lossless):
     `q_j` is `draft_probs[:, j]`, the distribution node j was drawn from; None means a
     deterministic drafter (q one-hot on the token), which makes rejection zero out x_j.
 
+The residual / bonus token is drawn by an exponential race, argmin_v E_v / R(v), whose
+E_v = -log U_v come from a counter hash of (seed, v) with the seed taken from the node's
+uniform: an argmin is exact in any reduction order, so kernels and reference pick the same
+token (an inverse CDF depends on the float summation order over the vocabulary).
+
 Only the first `MAX_SIBLINGS` children of a node are tried (the kernels keep per-sibling
 state in fixed shared memory); never trying a candidate keeps the result lossless.
 """
@@ -165,21 +170,33 @@ def verify_ops(
             else:
                 R = mx.where(rej[..., None], mx.maximum(R - M[..., None] * q, 0.0), R)
                 M = mx.where(rej, mx.sum(R, axis=-1), M)
-        sample = _inverse_cdf(R, uf[..., 1])  # (B, N)
+        sample = _race_sample(R, uf[..., 1])  # (B, N)
         taken = mx.take_along_axis(tokens, mx.maximum(child, 0), axis=1)  # (B, N)
         choice = mx.where(child >= 0, taken, sample)
     return walk_ops(choice, child, depth)
 
 
-def _inverse_cdf(R: mx.array, u: mx.array) -> mx.array:
-    """(B, N) first index whose inclusive cumulative mass exceeds u * total mass."""
-    V = R.shape[-1]
-    cdf = mx.cumsum(R, axis=-1)  # (B, N, V)
-    target = u * cdf[..., -1]
-    idx = mx.sum(cdf <= target[..., None], axis=-1).astype(mx.int32)
-    # Rounding can push the target past the last bucket: stay on a token with mass.
-    last = (V - 1 - mx.argmax((R > 0)[..., ::-1], axis=-1)).astype(mx.int32)
-    return mx.minimum(idx, last)
+def race_keys(seed: mx.array, V: int) -> mx.array:
+    """(..., V) float32 Exp(1) variates E_v = -log U_v from a counter hash of (seed, v).
+
+    `seed` is (...) uint32. The hash (lowbias32 of seed ^ v * golden ratio) is repeated
+    bit for bit in the kernels."""
+    x = seed[..., None] ^ (mx.arange(V, dtype=mx.uint32) * 0x9E3779B9)
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    u = ((x >> 8) + 1).astype(mx.float32) * (2.0**-24)  # (0, 1]
+    return -mx.log(u)
+
+
+def _race_sample(R: mx.array, u: mx.array) -> mx.array:
+    """(B, N) a token drawn with probability R / sum(R): argmin_v E_v / R(v)."""
+    seed = (u * 4294967296.0).astype(mx.uint32)  # (B, N), exact: u * 2^32 < 2^32
+    E = race_keys(seed, R.shape[-1])  # (B, N, V)
+    key = mx.where(R > 0, E / R, mx.inf)
+    return mx.argmin(key, axis=-1).astype(mx.int32)
 
 
 def walk_ops(choice: mx.array, child: mx.array, depth: int) -> VerifyResult:

@@ -4,7 +4,7 @@ Versions:
     1. node kernel: one block per (row, node); warp-shuffle reductions over the vocabulary
        give max / argmax / softmax mass; the node's children are tried in order (residual
        masses kept in shared memory) and, when none is accepted, the next token is drawn by
-       inverse CDF (per-thread contiguous chunks + a block scan of chunk sums).
+       an exponential race (a block argmin of E_v / R(v), hashed E_v; see kernels/verify.py).
        Every node is resolved in parallel, whether or not its parent will be accepted.
     2. walk kernel: one thread per row follows accepted children from the root.
 """
@@ -29,16 +29,23 @@ __device__ __forceinline__ float vf_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
   return v;
 }
-__device__ __forceinline__ int vf_warp_imax(int v) {
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, o));
-  return v;
-}
 __device__ __forceinline__ void vf_warp_argmax(float& v, int& i) {
   for (int o = 16; o > 0; o >>= 1) {
     float ov = __shfl_xor_sync(0xffffffff, v, o);
     int oi = __shfl_xor_sync(0xffffffff, i, o);
     if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
   }
+}
+// Exp(1) variate from a counter hash of (seed, v); kernels/verify.py `race_keys` is the same.
+__device__ __forceinline__ float vf_exp1(unsigned int seed, unsigned int v) {
+  unsigned int x = seed ^ (v * 0x9E3779B9u);
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  float u = (float)((x >> 8) + 1u) * 5.9604644775390625e-08f;
+  return -logf(u);
 }
 // Block reductions: every thread gets the result. `sh` holds >= 32 floats.
 __device__ float vf_block_sum(float v, float* sh) {
@@ -64,20 +71,6 @@ __device__ float vf_block_max(float v, float* sh) {
   if (w == 0) {
     v = lane < nw ? sh[lane] : VF_NEG_INF;
     v = vf_warp_max(v);
-    if (lane == 0) sh[0] = v;
-  }
-  __syncthreads();
-  return sh[0];
-}
-__device__ int vf_block_imax(int v, int* sh) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = vf_warp_imax(v);
-  __syncthreads();
-  if (lane == 0) sh[w] = v;
-  __syncthreads();
-  if (w == 0) {
-    v = lane < nw ? sh[lane] : -2147483647;
-    v = vf_warp_imax(v);
     if (lane == 0) sh[0] = v;
   }
   __syncthreads();
@@ -120,8 +113,6 @@ NODE_SOURCE = """
   __shared__ int kid_x[MAXS];
   __shared__ float mass[MAXS];
   __shared__ int n_kids;
-  __shared__ float chunk[1024];
-  __shared__ int picked;
 
   if (tid == 0) {
     int n = 0;
@@ -129,7 +120,6 @@ NODE_SOURCE = """
       if (parents[j] == c) { kid_j[n] = j; kid_x[n] = tokens[b * N + j]; ++n; }
     }
     n_kids = n;
-    picked = -1;
   }
   __syncthreads();
   const int nk = n_kids;
@@ -201,13 +191,11 @@ NODE_SOURCE = """
     return;
   }
 
-  // Inverse CDF over the residual R_k (k = nk): contiguous chunk per thread.
-  const int per = (V + T - 1) / T;
-  const int lo = min(V, tid * per);
-  const int hi = min(V, lo + per);
-  float s = 0.f;
-  int lastnz = -1;
-  for (int v = lo; v < hi; ++v) {
+  // Exponential race over the residual R_k (k = nk): argmin_v E_v / R_k(v).
+  const unsigned int seed = (unsigned int)(uniforms[(size_t)node * 2 + 1] * 4294967296.0f);
+  float best = VF_NEG_INF;  // -key, so the block argmax (lowest index on ties) is the argmin
+  int bi = 2147483647;
+  for (int v = tid; v < V; v += T) {
     float r = expf(static_cast<float>(lrow[v]) - mxv);
     if (HAS_Q) {
       for (int i = 0; i < k; ++i) {
@@ -217,48 +205,15 @@ NODE_SOURCE = """
     } else {
       for (int i = 0; i < k; ++i) if (kid_x[i] == v) r = 0.f;
     }
-    s += r;
-    if (r > 0.f) lastnz = v;
-  }
-  chunk[tid] = s;
-  lastnz = vf_block_imax(lastnz, sh_i);
-  __syncthreads();
-  if (tid == 0) {
-    float run = 0.f;
-    for (int t = 0; t < T; ++t) { float x = chunk[t]; chunk[t] = run; run += x; }
-    sh_f[0] = run;
-  }
-  __syncthreads();
-  const float total = sh_f[0];
-  const float target = uniforms[(size_t)node * 2 + 1] * total;
-  const float start = chunk[tid];
-  const float stop = tid + 1 < T ? chunk[tid + 1] : total;
-  if (start <= target && target < stop) {
-    float run = start;
-    int found = -1;
-    int last_here = -1;
-    for (int v = lo; v < hi; ++v) {
-      float r = expf(static_cast<float>(lrow[v]) - mxv);
-      if (HAS_Q) {
-        for (int i = 0; i < k; ++i) {
-          float qi = static_cast<float>(q[((size_t)b * N + kid_j[i]) * V + v]);
-          r = fmaxf(r - __fmul_rn(mass[i], qi), 0.f);
-        }
-      } else {
-        for (int i = 0; i < k; ++i) if (kid_x[i] == v) r = 0.f;
-      }
-      if (r > 0.f) last_here = v;
-      run += r;
-      if (run > target && r > 0.f) { found = v; break; }
+    if (r > 0.f) {
+      float nkey = -(vf_exp1(seed, (unsigned int)v) / r);
+      if (nkey > best || (nkey == best && v < bi)) { best = nkey; bi = v; }
     }
-    picked = found >= 0 ? found : last_here;
   }
-  __syncthreads();
+  vf_block_argmax(best, bi, sh_f, sh_i);
   if (tid == 0) {
-    int tok = picked;
-    if (tok < 0) tok = lastnz >= 0 ? lastnz : V - 1;
     child[node] = -1;
-    choice[node] = tok;
+    choice[node] = bi == 2147483647 ? 0 : bi;
   }
 """
 

@@ -3,7 +3,7 @@
 Versions:
     1. node kernel: one threadgroup per (row, node); simd_max / simd_sum reductions over the
        vocabulary; children tried in order with residual masses in threadgroup memory; the
-       residual sample by inverse CDF over per-thread contiguous chunks.
+       residual sample by an exponential race (threadgroup argmin of hashed E_v / R(v)).
     2. walk kernel: one thread per row follows accepted children from the root.
 The algorithm and arithmetic order mirror kernels/verify_cuda.py line for line.
 """
@@ -21,6 +21,17 @@ THREADS = 256
 HEADER = """
 #define VF_NEG_INF (-INFINITY)
 
+// Exp(1) variate from a counter hash of (seed, v); kernels/verify.py `race_keys` is the same.
+inline float vf_exp1(uint seed, uint v) {
+  uint x = seed ^ (v * 0x9E3779B9u);
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  float u = float((x >> 8) + 1u) * 5.9604644775390625e-08f;
+  return -metal::log(u);
+}
 // Threadgroup reductions: every thread gets the result. `sh` holds >= 32 entries.
 inline float vf_block_sum(float v, threadgroup float* sh, uint tid, uint nthreads) {
   uint lane = tid % 32, w = tid / 32, nw = (nthreads + 31) / 32;
@@ -44,20 +55,6 @@ inline float vf_block_max(float v, threadgroup float* sh, uint tid, uint nthread
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (w == 0) {
     v = lane < nw ? sh[lane] : VF_NEG_INF;
-    v = simd_max(v);
-    if (lane == 0) sh[0] = v;
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  return sh[0];
-}
-inline int vf_block_imax(int v, threadgroup int* sh, uint tid, uint nthreads) {
-  uint lane = tid % 32, w = tid / 32, nw = (nthreads + 31) / 32;
-  v = simd_max(v);
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (lane == 0) sh[w] = v;
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (w == 0) {
-    v = lane < nw ? sh[lane] : -2147483647;
     v = simd_max(v);
     if (lane == 0) sh[0] = v;
   }
@@ -106,8 +103,6 @@ NODE_SOURCE = """
   threadgroup int kid_x[MAXS];
   threadgroup float mass[MAXS];
   threadgroup int n_kids[1];
-  threadgroup float chunk[1024];
-  threadgroup int picked[1];
 
   if (tid == 0) {
     int n = 0;
@@ -115,7 +110,6 @@ NODE_SOURCE = """
       if (parents[j] == c) { kid_j[n] = j; kid_x[n] = tokens[b * N + j]; ++n; }
     }
     n_kids[0] = n;
-    picked[0] = -1;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   const int nk = n_kids[0];
@@ -187,12 +181,11 @@ NODE_SOURCE = """
     return;
   }
 
-  const int per = (V + T - 1) / T;
-  const int lo = metal::min(V, int(tid) * per);
-  const int hi = metal::min(V, lo + per);
-  float s = 0.f;
-  int lastnz = -1;
-  for (int v = lo; v < hi; ++v) {
+  // Exponential race over the residual R_k (k = nk): argmin_v E_v / R_k(v).
+  const uint seed = uint(uniforms[(size_t)node * 2 + 1] * 4294967296.0f);
+  float best = VF_NEG_INF;  // -key, so the block argmax (lowest index on ties) is the argmin
+  int bi = 2147483647;
+  for (int v = tid; v < V; v += T) {
     float r = metal::exp(static_cast<float>(lrow[v]) - mxv);
     if (HAS_Q) {
       for (int i = 0; i < k; ++i) {
@@ -202,48 +195,15 @@ NODE_SOURCE = """
     } else {
       for (int i = 0; i < k; ++i) if (kid_x[i] == v) r = 0.f;
     }
-    s += r;
-    if (r > 0.f) lastnz = v;
-  }
-  chunk[tid] = s;
-  lastnz = vf_block_imax(lastnz, sh_i, tid, T);
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (tid == 0) {
-    float run = 0.f;
-    for (uint t = 0; t < T; ++t) { float x = chunk[t]; chunk[t] = run; run += x; }
-    sh_f[0] = run;
-  }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
-  const float total = sh_f[0];
-  const float target = uniforms[(size_t)node * 2 + 1] * total;
-  const float start = chunk[tid];
-  const float stop = tid + 1 < T ? chunk[tid + 1] : total;
-  if (start <= target && target < stop) {
-    float run = start;
-    int found = -1;
-    int last_here = -1;
-    for (int v = lo; v < hi; ++v) {
-      float r = metal::exp(static_cast<float>(lrow[v]) - mxv);
-      if (HAS_Q) {
-        for (int i = 0; i < k; ++i) {
-          float qi = static_cast<float>(q[((size_t)b * N + kid_j[i]) * V + v]);
-          r = metal::max(r - mass[i] * qi, 0.f);
-        }
-      } else {
-        for (int i = 0; i < k; ++i) if (kid_x[i] == v) r = 0.f;
-      }
-      if (r > 0.f) last_here = v;
-      run += r;
-      if (run > target && r > 0.f) { found = v; break; }
+    if (r > 0.f) {
+      float nkey = -(vf_exp1(seed, uint(v)) / r);
+      if (nkey > best || (nkey == best && v < bi)) { best = nkey; bi = v; }
     }
-    picked[0] = found >= 0 ? found : last_here;
   }
-  threadgroup_barrier(mem_flags::mem_threadgroup);
+  vf_block_argmax(best, bi, sh_f, sh_i, tid, T);
   if (tid == 0) {
-    int tok = picked[0];
-    if (tok < 0) tok = lastnz >= 0 ? lastnz : V - 1;
     child[node] = -1;
-    choice[node] = tok;
+    choice[node] = bi == 2147483647 ? 0 : bi;
   }
 """
 

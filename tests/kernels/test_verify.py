@@ -212,3 +212,12 @@ def test_sampling_is_seeded():
     b = verify_ops(lg, mx.array(tokens), PARENTS, None, u, False)
     assert a.next_token.tolist() == b.next_token.tolist()
     assert a.path.tolist() == b.path.tolist()
+
+
+def test_bonus_token_at_a_leaf_follows_the_target():
+    """A root-only tree: the exponential race alone must sample P0 (chi-square, 1e-4)."""
+    u = mx.random.uniform(shape=(ROWS, 1, 2), key=mx.random.key(11))
+    lg = mx.broadcast_to(mx.array(_log(P0))[None, None], (ROWS, 1, V))
+    r = verify_ops(lg, mx.zeros((ROWS, 1), mx.int32), [-1], None, u, False)
+    assert r.num_accepted.tolist() == [0] * ROWS
+    _assert_matches(np.array(r.next_token), P0, "bonus token")
