@@ -39,6 +39,12 @@ class Draft:
         return self.tokens.shape[1]
 
 
+class DraftSampler(Protocol):
+    """Turns (B, V) draft logits into (tokens (B,), probs (B, V) or None when greedy)."""
+
+    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array | None]: ...
+
+
 class Drafter(Protocol):
     """What the engine asks of a drafter.
 
@@ -51,11 +57,10 @@ class Drafter(Protocol):
     def begin(self, prompt: list[int]) -> None:
         """Start a request whose prompt is `prompt` (already prefilled in the target cache)."""
 
-    def propose(self, history: list[int], last: mx.array, k: int, sampler) -> Draft:
+    def propose(self, history: list[int], k: int, sampler: DraftSampler) -> Draft:
         """Propose up to `k` tokens following `history` (prompt + committed output).
 
-        `last` is (B,) the last committed token, not yet in the target cache (it may still be
-        a lazy array). `sampler` turns (B, V) logits into (tokens (B,), probs (B, V) | None).
+        `history[-1]` is the last committed token: it is not yet in the target cache.
         """
 
     def commit(self, draft: Draft, num_accepted: int) -> None:
