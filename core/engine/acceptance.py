@@ -91,3 +91,29 @@ def accept(
     if params.greedy:
         return accept_greedy(logits, tokens)
     return accept_sampled(log_target(logits, params), tokens, draft_probs, keys)
+
+
+def accept_tree(
+    logits: mx.array,
+    tokens: list[int],
+    parents: list[int],
+    params: GenerationParams,
+    keys: KeyStream,
+):
+    """Token-tree acceptance (kernels/verify.py): greedy follows the argmax child, sampling
+    is recursive rejection sampling over siblings; tree drafts are deterministic (one-hot q).
+
+    Args:
+        logits: (1, N, V) target logits after every node (node 0 = the root).
+        tokens: (N,) node tokens; parents: (N,) parent indices (parents[0] == -1).
+
+    Returns:
+        kernels.verify.VerifyResult (path, num_accepted, next_token, ...).
+    """
+    from kernels.verify import draw_uniforms, verify
+
+    toks = mx.array([tokens], dtype=mx.int32)
+    if params.greedy:
+        return verify(logits, toks, parents, greedy=True)
+    u = draw_uniforms(1, len(tokens), keys.next())
+    return verify(log_target(logits, params), toks, parents, None, u, greedy=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
-from .acceptance import accept
+from .acceptance import accept, accept_tree
 from .costs import CostCurve, measure_verify_curve
 from .draft_length import AdaptiveK, FixedK
 from .drafters.auto import AutoDrafter, Scheduled
@@ -22,14 +22,17 @@ from .drafters.base import Draft
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.ngram import NgramDrafter
+from .drafters.tree import TreeDrafter
 from .forward import forward, lm_head, make_cache, run_layers, trim
 from .loading import load_model
 from .metrics import Phase, RequestMetrics
 from .model import LoadedModel
 from .sampling import GenerationParams, KeyStream, log_target, make_draft_sampler
+from .tree import TokenTree
+from .tree_forward import check_supported, compact, tree_forward
 
 PREFILL_CHUNK = 512
-DRAFTERS = "none | ngram | early-exit:L | draft-model:NAME | auto"
+DRAFTERS = "none | ngram | early-exit:L | draft-model:NAME | auto | tree"
 
 
 @dataclass
@@ -45,7 +48,7 @@ class GenerationResult:
 def parse_draft_spec(spec: str) -> tuple[str, str | None]:
     """`early-exit:8` -> ("early-exit", "8"). Raises ValueError naming the valid forms."""
     kind, _, arg = spec.partition(":")
-    if kind in ("none", "ngram", "auto") and not arg:
+    if kind in ("none", "ngram", "auto", "tree") and not arg:
         return kind, None
     if kind == "early-exit" and arg.isdigit():
         return kind, arg
@@ -82,6 +85,8 @@ class Engine:
             raise ValueError(f"k must be at least 1, got {k}")
         if self.kind == "early-exit":
             EarlyExitDrafter(target.model, [], int(self.arg))  # validates the layer now
+        if self.kind == "tree":
+            check_supported(target.model)
         if self.kind == "draft-model" and draft_model is None:
             draft_model = load_model(self.arg)
         if draft_model is not None and draft_model.vocab_size != target.vocab_size:
@@ -135,6 +140,8 @@ class Engine:
         return None
 
     def _plan(self, cache):
+        if self.kind == "tree":
+            return TreeDrafter(self.cost, self.draft_model, max_nodes=self.k)
         if self.kind == "ngram":
             return Scheduled(NgramDrafter(), self._policy())
         if self.kind == "auto":
@@ -236,23 +243,26 @@ class Engine:
                 if profile:
                     mx.eval(draft.tokens, draft.hidden, draft.probs)
             k = draft.length
-            with Phase(metrics, "verify_s"):
-                if draft.hidden is not None:
-                    h = run_layers(model, draft.hidden, cache, draft.start_layer)
-                    logits = lm_head(model, h)  # (1, k + 1, V)
-                else:
-                    inp = mx.concatenate([mx.array([[history[-1]]], mx.int32), draft.tokens], 1)
-                    logits = forward(model, inp, cache)  # (1, k + 1, V)
-                if profile:
-                    mx.eval(logits)
-            with Phase(metrics, "accept_s"):
-                n, nxt = accept(logits, draft.tokens, draft.probs, params, keys)
-                mx.eval(n, nxt, draft.tokens)  # the step's one host sync
-                n, nxt = n.item(), nxt.item()
-                new = draft.tokens[0, :n].tolist() + [nxt]
-            with Phase(metrics, "cache_s"):
-                trim(cache, k - n)
-                plan.commit(draft, n)
+            if draft.parents is not None:  # a token tree: drafters/tree.py
+                n, new = self._tree_step(draft, history[-1], cache, params, keys, metrics, plan)
+            else:
+                with Phase(metrics, "verify_s"):
+                    if draft.hidden is not None:
+                        h = run_layers(model, draft.hidden, cache, draft.start_layer)
+                        logits = lm_head(model, h)  # (1, k + 1, V)
+                    else:
+                        inp = mx.concatenate([mx.array([[history[-1]]], mx.int32), draft.tokens], 1)
+                        logits = forward(model, inp, cache)  # (1, k + 1, V)
+                    if profile:
+                        mx.eval(logits)
+                with Phase(metrics, "accept_s"):
+                    n, nxt = accept(logits, draft.tokens, draft.probs, params, keys)
+                    mx.eval(n, nxt, draft.tokens)  # the step's one host sync
+                    n, nxt = n.item(), nxt.item()
+                    new = draft.tokens[0, :n].tolist() + [nxt]
+                with Phase(metrics, "cache_s"):
+                    trim(cache, k - n)
+                    plan.commit(draft, n)
             metrics.record_step(draft.source, k, n, len(new))
             for t in new:
                 if t in eos:
@@ -262,6 +272,25 @@ class Engine:
                 if len(out) >= max_tokens:
                     break
         return out, "length"
+
+    def _tree_step(self, draft, root, cache, params, keys, metrics, plan):
+        """Verify a token tree in one forward and keep only the accepted path in the cache."""
+        tree = TokenTree.from_draft(root, draft)
+        with Phase(metrics, "verify_s"):
+            prefix = cache[0].offset
+            logits = tree_forward(self.target.model, tree, cache)  # (1, N, V)
+            if self.profile:
+                mx.eval(logits)
+        with Phase(metrics, "accept_s"):
+            res = accept_tree(logits, tree.tokens, tree.parents, params, keys)
+            mx.eval(res.num_accepted, res.next_token, res.path)  # the step's one host sync
+            n = res.num_accepted.item()
+            path = res.path[0, : n + 1].tolist()
+            new = [tree.tokens[i] for i in path[1:]] + [res.next_token.item()]
+        with Phase(metrics, "cache_s"):
+            compact(cache, prefix, path)
+            plan.commit(draft, n, path)
+        return n, new
 
 
 def _leaves(module):
