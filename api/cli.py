@@ -11,6 +11,11 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
+from api.bench_cmd import bench  # noqa: E402
+
+cli.add_command(bench)
+
+
 def main() -> None:
     cli()
 
