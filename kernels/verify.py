@@ -170,9 +170,18 @@ def verify_ops(
             else:
                 R = mx.where(rej[..., None], mx.maximum(R - M[..., None] * q, 0.0), R)
                 M = mx.where(rej, mx.sum(R, axis=-1), M)
-        sample = _race_sample(R, uf[..., 1])  # (B, N)
+        sample = _race_sample(R, uf[..., 1])  # (B, N), lazy: only computed if read
         taken = mx.take_along_axis(tokens, mx.maximum(child, 0), axis=1)  # (B, N)
         choice = mx.where(child >= 0, taken, sample)
+
+        def next_at(cur: mx.array) -> mx.array:
+            # The deepest accepted node has no accepted child: race over its row only, so
+            # a caller reading just next_token pays for one row, not N.
+            r = mx.take_along_axis(R, cur[:, None, None], axis=1)  # (B, 1, V)
+            u1 = mx.take_along_axis(uf[..., 1], cur[:, None], axis=1)  # (B, 1)
+            return _race_sample(r, u1)[:, 0]
+
+        return walk_ops(choice, child, depth, next_at)
     return walk_ops(choice, child, depth)
 
 
@@ -199,8 +208,9 @@ def _race_sample(R: mx.array, u: mx.array) -> mx.array:
     return mx.argmin(key, axis=-1).astype(mx.int32)
 
 
-def walk_ops(choice: mx.array, child: mx.array, depth: int) -> VerifyResult:
-    """Follow accepted children from the root: the path, its length and the next token."""
+def walk_ops(choice: mx.array, child: mx.array, depth: int, next_at=None) -> VerifyResult:
+    """Follow accepted children from the root: the path, its length and the next token
+    (`next_at(cur)` computes it from the deepest accepted node, else it is read off choice)."""
     B, N = child.shape
     cur = mx.zeros((B,), dtype=mx.int32)
     alive = mx.ones((B,), dtype=mx.bool_)
@@ -215,7 +225,10 @@ def walk_ops(choice: mx.array, child: mx.array, depth: int) -> VerifyResult:
         path = mx.concatenate([path, mx.full((B, N - path.shape[1]), -1, mx.int32)], axis=1)
     num = mx.sum(path >= 0, axis=1).astype(mx.int32) - 1
     accepted = mx.any(path[:, :, None] == mx.arange(N)[None, None, :], axis=1)  # (B, N)
-    nxt_tok = mx.take_along_axis(choice, cur[:, None], axis=1)[:, 0]
+    if next_at is not None:
+        nxt_tok = next_at(cur)
+    else:
+        nxt_tok = mx.take_along_axis(choice, cur[:, None], axis=1)[:, 0]
     return VerifyResult(choice, child, accepted, path.astype(mx.int32), num, nxt_tok)
 
 
