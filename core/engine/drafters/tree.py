@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 import mlx.core as mx
 
 from ..costs import CostCurve
+from ..draft_length import PROBE_EVERY
 from ..forward import forward, make_cache, trim
 from ..model import LoadedModel
 from ..tree import TokenTree, best_first, dynamic_tree, merge
@@ -165,6 +166,7 @@ class TreeDrafter:
         self.width = width
         self.stats = RankStats()
         self._tree: TokenTree | None = None
+        self._idle = 0
 
     def begin(self, prompt: list[int]) -> None:
         self.ngram.reset()
@@ -203,6 +205,9 @@ class TreeDrafter:
     def step(self, history: list[int], sampler: DraftSampler) -> Draft:
         tree = self.candidates(history)
         n = self.size(tree) if tree.size > 1 else 0
+        if n == 0 and tree.size > 1:
+            self._idle += 1
+            n = int(self._idle % PROBE_EVERY == 0)  # re-probe so the estimates can recover
         if n == 0:
             self._tree = None
             return Draft(tokens=mx.zeros((1, 0), mx.int32), source="none")
