@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import click
 
+from api.blas import reexec_with_openblas
+from api.models_cmds import models
+
 
 @click.group()
 @click.version_option(package_name="applespec")
@@ -11,7 +14,11 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
+cli.add_command(models)
+
+
 def main() -> None:
+    reexec_with_openblas()  # Linux CPU: swap MLX's reference BLAS for OpenBLAS (~10x matmuls)
     cli()
 
 

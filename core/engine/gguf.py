@@ -2,8 +2,8 @@
 
 Two readers, one result. `mx.load` reads Q4_0/Q4_1/Q8_0 (as mlx quantized triples
 `X.weight`/`X.scales`/`X.biases`) and F32/F16 natively and fast; it refuses every
-other type (K-quants, BF16, IQ...). For those files the `gguf` package reads the file
-and dequantizes each tensor with `gguf.quants.dequantize`.
+other type (K-quants, BF16, IQ...). For those files we read the header ourselves and dequantize each
+tensor with the `gguf` package (`gguf.quants.dequantize`).
 
 llama.cpp's converter permutes the rows of Q and K for the `llama` architecture so that
 its interleaved ("traditional") RoPE works; we undo that so mlx-lm's default RoPE applies.
@@ -12,7 +12,9 @@ It does not permute them for `qwen2`.
 
 from __future__ import annotations
 
+import mmap
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,26 +114,127 @@ def _read_with_gguf_package(path: Path) -> GGUFFile:
     import gguf
 
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:
+        metadata, infos, data_start = read_header(path)
+    except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise ModelError(f"cannot read GGUF file {path}: {e}") from e
-    metadata = {}
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        metadata[name] = f.contents()
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
     tensors: dict[str, mx.array] = {}
     types: dict[str, str] = {}
-    for t in reader.tensors:
+    for name, shape, type_id, offset in infos:
         try:
-            data = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
+            qtype = gguf.GGMLQuantizationType(type_id)
+            byte_shape = gguf.quants.quant_shape_to_byte_shape(shape, qtype)
+            start = data_start + offset
+            blob = raw[start : start + int(np.prod(byte_shape))].reshape(byte_shape)
+            data = gguf.quants.dequantize(blob, qtype)
+        except (NotImplementedError, ValueError) as e:
             raise ModelError(
-                f"{path}: tensor {t.name} has type {t.tensor_type.name}, which cannot be dequantized"
+                f"{path}: cannot dequantize tensor {name} (type {type_id}): {e}"
             ) from e
-        tensors[t.name] = mx.array(np.ascontiguousarray(data, dtype=np.float32))
-        types[t.name] = t.tensor_type.name
+        tensors[name] = mx.array(np.ascontiguousarray(data, dtype=np.float32))
+        types[name] = qtype.name
     return GGUFFile(tensors=tensors, metadata=metadata, reader="gguf", tensor_types=types)
+
+
+# GGUF metadata value types -> struct formats (8 = string, 9 = array).
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_NP = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+
+
+def read_header(
+    path: Path,
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """Metadata and tensor table of a GGUF (v2/v3) file, without touching tensor data.
+
+    `gguf.GGUFReader` builds a numpy view per array element, which takes ~35 s for a
+    151k-token vocabulary; this reads the same header with `struct` in well under a second.
+
+    Returns:
+        `(metadata, [(name, numpy_shape, ggml_type, offset)], data_start)`; offsets are
+        relative to `data_start`.
+    """
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse_header(buf)
+    finally:
+        buf.close()
+
+
+def _parse_header(buf: Any) -> tuple[dict[str, Any], list, int]:
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        (v,) = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    def string() -> str:
+        nonlocal pos
+        n = take("<Q")
+        s = bytes(buf[pos : pos + n]).decode("utf-8")
+        pos += n
+        return s
+
+    def value(t: int) -> Any:
+        nonlocal pos
+        if t in _SCALARS:
+            return take(_SCALARS[t])
+        if t == 8:
+            return string()
+        if t == 9:
+            sub, n = take("<I"), take("<Q")
+            if sub in _NP:
+                arr = np.frombuffer(buf, dtype=_NP[sub], count=n, offset=pos)
+                pos += arr.nbytes
+                return arr.tolist()
+            return [value(sub) for _ in range(n)]
+        raise ValueError(f"unknown GGUF value type {t}")
+
+    if bytes(buf[:4]) != GGUF_MAGIC:
+        raise ValueError("bad magic")
+    pos = 4
+    version = take("<I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not supported")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    metadata = {}
+    for _ in range(n_kv):
+        key = string()
+        metadata[key] = value(take("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        infos.append((name, tuple(reversed(dims)), take("<I"), take("<Q")))
+    align = int(metadata.get("general.alignment", 32))
+    data_start = (pos + align - 1) // align * align
+    return metadata, infos, data_start
 
 
 def mlx_name(gguf_name: str) -> str | None:
