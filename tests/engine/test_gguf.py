@@ -138,3 +138,36 @@ def test_tokenizer_from_tiny_metadata(tiny_qwen2, tiny_llama):
         assert chat[0] == VOCAB - 2  # <|im_start|> whole
         assert lm.decode(chat) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         assert lm.eos_token_ids == {VOCAB - 1, VOCAB - 3}  # <|im_end|>, <|endoftext|>
+
+
+def test_q4_k_never_goes_through_mx_load(tmp_path):
+    """mx.load turns Q4_K into float16 without an error, but with wrong values."""
+    path = tmp_path / "q4k.gguf"
+    expected = write_tiny_gguf(path, "qwen2", {"attn_q": T.Q4_K, "ffn_up": T.Q6_K}, seed=3)
+    got_mx = mx.load(str(path))["blk.0.attn_q.weight"].astype(mx.float32)
+    want = expected["model.layers.0.self_attn.q_proj.weight"]
+    assert not np.allclose(np.asarray(got_mx), want, atol=1e-2)  # why we route around it
+    lm = load_gguf(path)
+    assert lm.info["reader"] == "gguf"
+    ref = reference_model("qwen2", expected, tied=True)
+    np.testing.assert_array_equal(np.asarray(lm.model(PROMPT)), np.asarray(ref(PROMPT)))
+
+
+def test_dequantized_cache_for_the_model_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("APPLESPEC_MODEL_DIR", str(tmp_path))
+    path = tmp_path / "kq.gguf"
+    expected = write_tiny_gguf(path, "qwen2", {"attn_q": T.Q4_K, "ffn_down": T.Q5_0}, seed=4)
+    first = load_gguf(path)
+    assert first.info["dequantized_cache"] is False
+    assert len(list((tmp_path / "dequantized").glob("kq-*.safetensors"))) == 1
+    second = load_gguf(path)
+    assert second.info["dequantized_cache"] is True
+    assert second.info["tensor_types"] == first.info["tensor_types"]
+    ref = reference_model("qwen2", expected, tied=True)
+    np.testing.assert_array_equal(np.asarray(second.model(PROMPT)), np.asarray(ref(PROMPT)))
+    # A file outside the model cache is never cached.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    write_tiny_gguf(other / "kq.gguf", "qwen2", {"attn_q": T.Q4_K}, seed=4)
+    assert load_gguf(other / "kq.gguf").info["dequantized_cache"] is False
+    assert len(list((tmp_path / "dequantized").iterdir())) == 1
