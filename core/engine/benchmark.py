@@ -105,7 +105,13 @@ def run_bench(
         spec, _, k = d.partition("/")  # "early-exit:8/4" = early exit at layer 8, fixed k = 4
         dm = draft_model if spec.startswith("draft-model") or spec == "auto" else None
         eng = Engine(
-            target, draft=spec, k=int(k) if k else None, cost=cost, draft_model=dm, profile=False
+            target,
+            draft="none" if spec == "none-sync" else spec,
+            k=int(k) if k else None,
+            cost=cost,
+            draft_model=dm,
+            profile=False,
+            double_buffer=spec != "none-sync",  # none-sync: plain decoding, a sync per token
         )
         runners[f"ours_{d}"] = engine_runner(eng, max_tokens)
 
