@@ -217,3 +217,38 @@ class TreeDrafter:
     def commit(self, draft: Draft, num_accepted: int, path: list[int] | None = None) -> None:
         if self._tree is not None and path is not None:
             self.stats.observe(self._tree, path)
+
+
+def compare(model: str = "smollm2-135m", prompts: int = 3, max_tokens: int = 64) -> None:
+    """Mean accepted length of `tree` vs the chain drafters on the bench prompts (greedy, the
+    accelerator-like flat cost curve so sizes do not depend on this machine's load), with a
+    check that every output equals plain decoding."""
+    from ..benchmark import encode, load_prompts
+    from ..generate import Engine
+    from ..loading import load_model
+    from ..sampling import GenerationParams
+
+    target = load_model(model)
+    flat = CostCurve.flat()
+    params = GenerationParams(max_tokens=max_tokens)
+    configs = {"none": {}, "ngram": {}, "ngram/k4": {"k": 4}, "tree": {}}
+    for item in load_prompts()[:prompts]:
+        prompt = encode(target, item)
+        want = None
+        for name, kw in configs.items():
+            eng = Engine(target, draft=name.split("/")[0], cost=flat, profile=False, **kw)
+            r = eng.generate(prompt, params)
+            want = r.tokens if want is None else want
+            s = r.speculative
+            print(
+                f"{item.get('category', '?'):<11} {name:<9} accepted len "
+                f"{s['mean_accepted_length']:.2f}  accept rate {s['acceptance_rate']:.2f}  "
+                f"steps {s['verify_steps']:>3}  identical {r.tokens == want}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    import sys
+
+    compare(*(int(a) if a.isdigit() else a for a in sys.argv[1:]))
