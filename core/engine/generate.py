@@ -28,11 +28,11 @@ from .loading import load_model
 from .metrics import Phase, RequestMetrics
 from .model import LoadedModel
 from .sampling import GenerationParams, KeyStream, log_target, make_draft_sampler
-from .tree import TokenTree
+from .tree import TokenTree, parse_shape
 from .tree_forward import check_supported, compact, tree_forward
 
 PREFILL_CHUNK = 512
-DRAFTERS = "none | ngram | early-exit:L | draft-model:NAME | auto | tree"
+DRAFTERS = "none | ngram | early-exit:L | draft-model:NAME | auto | tree | tree:3,2,1"
 
 
 @dataclass
@@ -53,6 +53,9 @@ def parse_draft_spec(spec: str) -> tuple[str, str | None]:
     if kind == "early-exit" and arg.isdigit():
         return kind, arg
     if kind == "draft-model" and arg:
+        return kind, arg
+    if kind == "tree" and arg:
+        parse_shape(arg)  # tree:3,2,1 = static branching per depth (needs a draft model)
         return kind, arg
     raise ValueError(f"unknown drafter {spec!r}; expected one of: {DRAFTERS}")
 
@@ -91,6 +94,8 @@ class Engine:
             EarlyExitDrafter(target.model, [], int(self.arg))  # validates the layer now
         if self.kind == "tree":
             check_supported(target.model)
+            if self.arg and draft_model is None:
+                raise ValueError("a static tree shape (tree:3,2,1) needs a draft model")
         if self.kind == "draft-model" and draft_model is None:
             draft_model = load_model(self.arg)
         if draft_model is not None and draft_model.vocab_size != target.vocab_size:
@@ -146,7 +151,8 @@ class Engine:
 
     def _plan(self, cache):
         if self.kind == "tree":
-            return TreeDrafter(self.cost, self.draft_model, max_nodes=self.k)
+            shape = parse_shape(self.arg) if self.arg else None
+            return TreeDrafter(self.cost, self.draft_model, max_nodes=self.k, shape=shape)
         if self.kind == "ngram":
             return Scheduled(NgramDrafter(), self._policy())
         if self.kind == "auto":

@@ -123,3 +123,44 @@ def test_tree_equals_plain_on_smollm2():
         got = Engine(smol, draft="tree", cost=flat).generate(prompt, params)
         assert got.tokens == want.tokens
         assert got.speculative["verify_steps"] < len(got.tokens)  # some tree steps accepted
+
+
+def test_static_shape_from_the_draft_model(make_tiny):
+    import mlx.core as mx
+
+    from core.engine.forward import forward, make_cache
+
+    draft = make_tiny(7)
+    hist = draft.encode_prompt("hello hello world")
+    d = TreeDrafter(CostCurve.flat(), draft_model=draft, shape=[3, 2, 1])
+    d.begin(hist)
+    tree = d.candidates(hist)
+    assert tree.size == 1 + 3 + 6 + 6
+    assert tree.depths().count(3) == 6
+    top3 = mx.argsort(-forward(draft.model, mx.array([hist]), make_cache(draft.model))[0, -1])[:3]
+    assert tree.tokens[1:4] == top3.tolist()
+    again = d.candidates(hist + [5, 6])  # the draft cache was rolled back to the history
+    assert again.size == 16
+
+
+def test_static_shape_tree_equals_plain(make_tiny, flat_cost):
+    target = make_tiny(8)
+    prompt = target.encode_prompt(PROMPTS[1])
+    params = GenerationParams(max_tokens=40)
+    want = Engine(target, draft="none", cost=flat_cost).generate(prompt, params)
+    for draft in (target, make_tiny(9)):
+        got = Engine(target, draft="tree:3,2,1", draft_model=draft, cost=flat_cost).generate(
+            prompt, params
+        )
+        assert got.tokens == want.tokens
+        if draft is target:  # the draft's own tree forward is exact: depth 3 + bonus
+            assert got.speculative["mean_accepted_length"] > 3.0
+    assert got.speculative["verify_steps"] > 0
+
+
+def test_bad_tree_specs_are_clear_errors(make_tiny):
+    target = make_tiny(0)
+    with pytest.raises(ValueError, match="comma-separated"):
+        Engine(target, draft="tree:3,x")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Engine(target, draft="tree:2,2")

@@ -101,6 +101,33 @@ class ModelCandidates:
         trim(self.cache, fed)  # back to the history; accepted tokens are fed next step
         return tree
 
+    def static(self, history: list[int], shape: list[int]) -> TokenTree:
+        """A static-shape tree: every node at depth d gets the draft's top `shape[d]` tokens.
+
+        The draft model scores each level with the tree forward over its own cache (one
+        draft forward per depth), which is then rolled back to the history."""
+        from ..tree_forward import tree_forward
+
+        model = self.draft.model
+        if len(history) - 1 > self._seen:  # the prefix: history without the root
+            forward(model, mx.array([history[self._seen : -1]], mx.int32), self.cache)
+        self._seen = len(history) - 1
+        tree = TokenTree.root(history[-1])
+        frontier = [0]
+        for width in shape:
+            logits = tree_forward(model, tree, self.cache)[0]  # (N, V)
+            trim(self.cache, tree.size)
+            probs = mx.softmax(logits[mx.array(frontier)].astype(mx.float32), axis=-1)
+            top = mx.argsort(-probs, axis=-1)[:, :width]  # (F, width)
+            toks = top.tolist()
+            ps = mx.take_along_axis(probs, top, axis=-1).tolist()  # host sync, once per depth
+            frontier = [
+                tree.add(i, t, tree.scores[i] * p)
+                for i, row_t, row_p in zip(frontier, toks, ps, strict=True)
+                for t, p in zip(row_t, row_p, strict=True)
+            ]
+        return tree
+
 
 class RankStats:
     """Per sibling rank r: how often the r-th child is accepted when its parent was and
@@ -157,7 +184,11 @@ class TreeDrafter:
         draft_model: LoadedModel | None = None,
         max_nodes: int | None = None,
         width: int = 4,
+        shape: list[int] | None = None,
     ):
+        if shape is not None and draft_model is None:
+            raise ValueError("a static tree shape (tree:3,2,1) needs a draft model")
+        self.shape = shape
         self.cost = cost
         self.ngram = NgramCandidates()
         self.model = ModelCandidates(draft_model) if draft_model is not None else None
@@ -176,6 +207,8 @@ class TreeDrafter:
 
     def candidates(self, history: list[int]) -> TokenTree:
         """Every candidate the drafters offer after `history`, one trie."""
+        if self.shape is not None:  # exactly the requested shape, from the draft model
+            return self.model.static(history, self.shape)
         self.ngram.update(history)
         ctx = history[:-1]
         trees = [
@@ -189,8 +222,8 @@ class TreeDrafter:
 
     def size(self, tree: TokenTree) -> int:
         """The node count with the most expected tokens per unit of verify time."""
-        if self.fixed:
-            return min(self.max_nodes, tree.size - 1)
+        if self.fixed or self.shape is not None:
+            return min(self.max_nodes, tree.size - 1) if self.fixed else tree.size - 1
         ordered = best_first(tree, self.max_nodes)
         chances = self.stats.node_chances(ordered)
         by_score = sorted(range(1, ordered.size), key=lambda i: (-ordered.scores[i], i))
