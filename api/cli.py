@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import click
 
+from api.run_cmd import run_cmd
+from api.service_cmds import SERVICE_COMMANDS
+
 
 @click.group()
 @click.version_option(package_name="applespec")
 def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
+
+
+for _command in (run_cmd, *SERVICE_COMMANDS):
+    cli.add_command(_command)
 
 
 def main() -> None:

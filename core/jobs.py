@@ -159,7 +159,7 @@ def _parse_request(
     else:
         method = obj.get("method")
         if method != "POST":
-            raise _Bad("invalid_method", f"method must be \"POST\", got {method!r}")
+            raise _Bad("invalid_method", f'method must be "POST", got {method!r}')
         url = obj.get("url")
         if url != CHAT_URL:
             raise _Bad("invalid_url", f"url must be {CHAT_URL!r}, got {url!r}")
@@ -188,7 +188,8 @@ def _check_messages(messages: Any) -> list[dict[str, str]]:
         role = m.get("role")
         if role not in ROLES:
             raise _Bad(
-                "invalid_role", f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}"
+                "invalid_role",
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
             )
         if not isinstance(m.get("content"), str):
             raise _Bad("invalid_messages", f"messages[{i}].content must be a string")
@@ -275,3 +276,23 @@ def completion_body(model: str, result: Any, *, created: int | None = None) -> d
         "speculative": dict(result.speculative),
         "timing": dict(result.timing),
     }
+
+
+def model_names(spec: str, target: Any) -> set[str]:
+    """The names a job line's body "model" may use for this target: its spec, name, aliases."""
+    return {spec, target.name, *target.info.get("aliases", ())}
+
+
+def prompt_tokens(target: Any, request: JobRequest) -> list[int]:
+    """The prompt token ids of a request, as the engine will see them."""
+    if request.messages is not None:
+        return target.encode_chat(request.messages)
+    return target.encode_prompt(request.prompt)
+
+
+def run_request(engine: Any, request: JobRequest) -> Any:
+    """Generate one request with a core.engine Engine; returns its GenerationResult."""
+    from core.engine import GenerationParams
+
+    params = GenerationParams(**request.params)
+    return engine.generate(prompt_tokens(engine.target, request), params)

@@ -226,7 +226,9 @@ def _close(item: Item, status: str, code: str, message: str) -> None:
     item.finished_at = utcnow()
 
 
-def open_item_ids(session: Session, job_id: str, statuses: Iterable[str] = ("pending",)) -> list[int]:
+def open_item_ids(
+    session: Session, job_id: str, statuses: Iterable[str] = ("pending",)
+) -> list[int]:
     return list(
         session.scalars(
             select(Item.id)
@@ -340,3 +342,40 @@ def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str
 
 def list_jobs(session: Session, limit: int = 50) -> list[Job]:
     return list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)))
+
+
+def metric_row(
+    result: Any, *, attempt: int, worker_host: str, queue_wait_s: float | None
+) -> dict[str, Any]:
+    """A metrics row for an engine GenerationResult (its speculative and timing dicts)."""
+    spec, timing = dict(result.speculative), dict(result.timing)
+    return {
+        "attempt": attempt,
+        "worker_host": worker_host,
+        "queue_wait_s": queue_wait_s,
+        "completion_tokens": len(result.tokens),
+        **{k: spec.get(k) for k in _SPEC_FIELDS},
+        **{k: timing.get(k) for k in _TIMING_FIELDS},
+        "speculative": spec,
+        "timing": timing,
+    }
+
+
+_SPEC_FIELDS = (
+    "drafter",
+    "draft_tokens",
+    "accepted_tokens",
+    "verify_steps",
+    "acceptance_rate",
+    "mean_accepted_length",
+)
+_TIMING_FIELDS = (
+    "ttft_s",
+    "decode_tokens_per_s",
+    "draft_s",
+    "verify_s",
+    "accept_s",
+    "cache_s",
+    "total_s",
+    "peak_memory_bytes",
+)

@@ -1,0 +1,368 @@
+"""The batch service commands: submit, status, wait, results, jobs, cancel, retry, worker, db."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from api.run_cmd import (
+    generation_options,
+    model_option,
+    open_store,
+    overrides,
+    read_job_file,
+    validate,
+)
+from core.settings import Settings
+
+
+@contextmanager
+def _session():
+    """A session on the configured store; an unknown job id is a one-line error."""
+    from core.store.repo import UnknownJob
+
+    sessions = open_store(Settings.from_env())
+    with sessions() as session:
+        try:
+            yield session
+        except UnknownJob as e:
+            raise click.ClickException(str(e)) from e
+
+
+def _broker_error(settings: Settings, e: Exception) -> click.ClickException:
+    return click.ClickException(
+        f"cannot reach the broker at {settings.broker_url} ({type(e).__name__}: {e}); "
+        "is Redis running? (APPLESPEC_BROKER_URL)"
+    )
+
+
+@click.command("submit")
+@click.argument("input_file", type=click.Path(exists=True, dir_okay=False))
+@model_option
+@generation_options
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    help="Items per worker task (default APPLESPEC_CHUNK_SIZE or 8).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as a JSON object.")
+def submit_cmd(
+    input_file: str,
+    model: str,
+    draft: str,
+    k: int | None,
+    chunk_size: int | None,
+    as_json: bool,
+    **params: Any,
+) -> None:
+    """Validate a job file, store it and queue it for the workers of its model.
+
+    Every line is checked with the same rules as `applespec run`; bad lines are stored as
+    failed items with their error. The job id is the last line printed.
+
+    \b
+    Example:
+        applespec submit job.jsonl --model tiny-random --max-tokens 32
+        applespec wait "$(applespec submit job.jsonl | tail -1)"
+    """
+    from core.engine.loading import load_model
+    from core.engine.model import ModelError
+    from core.store import repo
+    from worker.app import create_app, queue_name
+    from worker.enqueue import broker_epoch, enqueue
+
+    settings = Settings.from_env()
+    lines = read_job_file(input_file)
+    try:
+        target = load_model(model)  # the tokenizer and context length, for validation
+    except ModelError as e:
+        raise click.ClickException(str(e)) from e
+    params = overrides(**params)
+    requests, bad = validate(lines, model, target, params)
+    try:
+        epoch = broker_epoch(settings.broker_url)
+    except Exception as e:
+        raise _broker_error(settings, e) from e
+    sessions = open_store(settings)
+    app = create_app(settings)
+    with sessions() as s:
+        job = repo.create_job(
+            s,
+            model=model,
+            drafter=draft,
+            k=k,
+            params=params,
+            mode="service",
+            input_file=input_file,
+            queue=queue_name(model),
+            requests=requests,
+            errors=bad,
+        )
+        repo.mark_in_progress(s, job.id, broker_epoch=epoch)
+        s.commit()
+        ids = repo.open_item_ids(s, job.id)
+        try:
+            chunks = enqueue(app, s, job.id, ids, chunk_size or settings.chunk_size)
+        except Exception as e:
+            # Stored but not queued: a worker's sweep enqueues it once the broker is back.
+            job.broker_epoch = None
+            s.commit()
+            raise _broker_error(settings, e) from e
+        summary = repo.job_summary(s, job.id)
+    summary.update(queue=job.queue, chunks=chunks)
+    counts = summary["request_counts"]
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(
+        f"{counts['total']} lines: {len(ids)} queued on {job.queue} in {chunks} chunks, "
+        f"{len(bad)} invalid",
+        err=True,
+    )
+    for e in bad:
+        click.echo(f"  {e.message}", err=True)
+    click.echo(job.id)
+
+
+def _status_line(summary: dict[str, Any]) -> str:
+    c, m = summary["request_counts"], summary["metrics"]
+    line = f"{summary['id']}: {summary['status']}, {c['completed']}/{c['total']} completed"
+    line += f", {c['failed']} failed"
+    if m["tokens_per_s"]:
+        line += f"; {m['completion_tokens']} tokens, {m['tokens_per_s']:.1f} tok/s"
+    if m["acceptance_rate"] is not None:
+        line += f"; acceptance {m['acceptance_rate']:.2f}"
+    if m["mean_accepted_length"]:
+        line += f", mean accepted length {m['mean_accepted_length']:.2f}"
+    return line
+
+
+@click.command("status")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+def status_cmd(job_id: str, as_json: bool) -> None:
+    """Show a job's status, request counts, acceptance and throughput so far."""
+    from core.store import repo
+
+    with _session() as s:
+        summary = repo.job_summary(s, job_id)
+    click.echo(json.dumps(summary, indent=2) if as_json else _status_line(summary))
+
+
+@click.command("wait")
+@click.argument("job_id")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Give up after S seconds (exit 2).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True)
+def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
+    """Wait for a job to finish, with a progress bar.
+
+    Exit code 0 when every request completed, 1 when the job failed, was cancelled or has
+    failed requests, 2 on timeout.
+    """
+    from core.store import repo
+    from core.store.models import JOB_DONE
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _session() as s:
+        summary = repo.job_summary(s, job_id)
+        total = summary["request_counts"]["total"]
+        with click.progressbar(length=total, label=job_id, file=sys.stderr) as bar:
+            seen = 0
+            while True:
+                c = summary["request_counts"]
+                bar.update(c["completed"] + c["failed"] - seen)
+                seen = c["completed"] + c["failed"]
+                if summary["status"] in JOB_DONE:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    click.echo(f"\ntimed out: {_status_line(summary)}", err=True)
+                    sys.exit(2)
+                time.sleep(interval)
+                s.expire_all()
+                summary = repo.job_summary(s, job_id)
+    click.echo(_status_line(summary), err=True)
+    if summary["status"] != "completed" or summary["request_counts"]["failed"]:
+        sys.exit(1)
+
+
+@click.command("results")
+@click.argument("job_id")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option("--errors", type=click.Path(dir_okay=False), help="Write error lines here.")
+def results_cmd(job_id: str, output: str, errors: str | None) -> None:
+    """Write a job's results (OpenAI Batch output format), in input order.
+
+    Requests still queued or running are left out (a note says how many).
+    """
+    from core.store import repo
+
+    written = {True: 0, False: 0}
+    with _session() as s, open(output, "w", encoding="utf-8") as out:
+        summary = repo.job_summary(s, job_id)
+        err = open(errors, "w", encoding="utf-8") if errors else out
+        try:
+            for ok, line in repo.output_lines(s, job_id):
+                (out if ok else err).write(json.dumps(line, ensure_ascii=False) + "\n")
+                written[ok] += 1
+        finally:
+            if errors:
+                err.close()
+    left = summary["request_counts"]["total"] - written[True] - written[False]
+    note = f"{written[True]} results, {written[False]} errors written"
+    click.echo(
+        note + (f"; {left} not finished yet ({summary['status']})" if left else ""), err=True
+    )
+
+
+@click.command("jobs")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+def jobs_cmd(limit: int, as_json: bool) -> None:
+    """List the most recent jobs."""
+    from core.store import repo
+
+    with _session() as s:
+        rows = [
+            {
+                "id": j.id,
+                "status": j.status,
+                "mode": j.mode,
+                "model": j.model,
+                "created_at": repo.aware(j.created_at).isoformat(),
+                "request_counts": {"total": j.total, "completed": j.completed, "failed": j.failed},
+                "input_file": j.input_file,
+            }
+            for j in repo.list_jobs(s, limit)
+        ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        c = r["request_counts"]
+        click.echo(
+            f"{r['id']}  {r['status']:<11} {r['mode']:<8} {c['completed']}/{c['total']} "
+            f"({c['failed']} failed)  {r['model']}  {r['created_at'][:19]}  {r['input_file']}"
+        )
+
+
+@click.command("cancel")
+@click.argument("job_id")
+def cancel_cmd(job_id: str) -> None:
+    """Cancel a job: queued requests are dropped, running ones finish."""
+    from core.store import repo
+
+    with _session() as s:
+        job = repo.cancel_job(s, job_id)
+        click.echo(f"{job.id}: {job.status}")
+
+
+@click.command("retry")
+@click.argument("job_id")
+@click.option("--chunk-size", type=click.IntRange(min=1))
+def retry_cmd(job_id: str, chunk_size: int | None) -> None:
+    """Queue a job's failed requests again (bad input lines stay failed)."""
+    from core.store import repo
+    from worker.app import create_app
+    from worker.enqueue import broker_epoch, enqueue
+
+    settings = Settings.from_env()
+    with _session() as s:
+        job = repo.get_job(s, job_id)
+        if job.mode != "service":
+            raise click.ClickException(f"{job_id} was run with `applespec run`; run it again")
+        try:
+            epoch = broker_epoch(settings.broker_url)
+        except Exception as e:
+            raise _broker_error(settings, e) from e
+        ids = repo.retry_job(s, job_id)
+        job.broker_epoch = epoch
+        s.commit()
+        enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
+    click.echo(f"{job_id}: {len(ids)} requests queued again")
+
+
+@click.command("worker", context_settings={"ignore_unknown_options": True})
+@model_option
+@click.option("--queues", "-Q", help="Comma-separated queues (default: the model's queue).")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--hostname", "-n", help="Node name (default: applespec-PID@HOST).")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker_cmd(
+    model: str,
+    queues: str | None,
+    concurrency: int,
+    loglevel: str,
+    hostname: str | None,
+    celery_args: tuple[str, ...],
+) -> None:
+    """Start a Celery worker for a model's queue; each pool process loads the model once.
+
+    Extra arguments go to `celery worker` unchanged.
+
+    \b
+    Example:
+        applespec worker --model smollm2-135m --concurrency 2
+    """
+    import dataclasses
+    import os
+
+    from worker.app import create_app, queue_name
+
+    settings = dataclasses.replace(Settings.from_env(), model=model)
+    app = create_app(settings)
+    argv = [
+        "worker",
+        f"--queues={queues or queue_name(model)}",
+        f"--concurrency={concurrency}",
+        f"--loglevel={loglevel}",
+        f"--hostname={hostname or f'applespec-{os.getpid()}@%h'}",
+        "--pool=prefork",
+        *celery_args,
+    ]
+    app.worker_main(argv)
+
+
+@click.group("db")
+def db_group() -> None:
+    """Database schema commands."""
+
+
+@db_group.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade_cmd(revision: str) -> None:
+    """Migrate the database (APPLESPEC_DATABASE_URL) to the latest schema."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from migrations import upgrade
+
+    settings = Settings.from_env()
+    try:
+        upgrade(settings.database_url, revision)
+    except SQLAlchemyError as e:
+        raise click.ClickException(f"cannot migrate the database: {e}") from e
+    click.echo(f"database at {revision}: {_safe_url(settings.database_url)}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+SERVICE_COMMANDS = (
+    submit_cmd,
+    status_cmd,
+    wait_cmd,
+    results_cmd,
+    jobs_cmd,
+    cancel_cmd,
+    retry_cmd,
+    worker_cmd,
+    db_group,
+)
