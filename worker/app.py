@@ -30,7 +30,12 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         # Redis re-delivers an unacknowledged chunk after this; well above a chunk's runtime.
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            # Look for a dead worker's chunks every few seconds, not every 100 s.
+            "unacked_restore_interval": min(10, max(1, settings.visibility_timeout // 4)),
+            "unacked_restore_throttle": 1,
+        },
         broker_connection_retry_on_startup=True,
         # On SIGTERM, let running chunks finish their current items for a while.
         worker_soft_shutdown_timeout=30.0,

@@ -17,7 +17,11 @@ from core.store.models import Job
 # Test-only: a comma-separated list of custom_ids that make the worker process die
 # (os._exit) when it starts them, to exercise the poison-item cap. Unset in production.
 CRASH_ENV = "APPLESPEC_TEST_CRASH_ON"
-HOST = socket.gethostname()
+
+
+def worker_name() -> str:
+    """`host:pid` of this process, recorded on the items it starts and in their metrics."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
@@ -37,14 +41,15 @@ def process_item(
     *,
     engine_for: Callable[[Job], Any],
     max_attempts: int,
-    worker_host: str = HOST,
+    worker_host: str | None = None,
 ) -> Outcome | None:
     """Claim, run and store one item; None when it was already done, cancelled or capped.
 
     A failure of this one request (bad model, engine error) marks the item failed and
     returns its error; database errors propagate so the caller can retry the chunk.
     """
-    item = repo.start_item(session, item_id, max_attempts)
+    worker_host = worker_host or worker_name()
+    item = repo.start_item(session, item_id, max_attempts, worker_host)
     if item is None:
         return None
     job = item.job

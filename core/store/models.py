@@ -112,6 +112,7 @@ class Item(Base):
     request: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))  # host:pid of the latest start
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
     queued_at: Mapped[datetime | None]

@@ -131,7 +131,9 @@ def refresh_job(session: Session, job_id: str) -> Job:
     return job
 
 
-def start_item(session: Session, item_id: int, max_attempts: int) -> Item | None:
+def start_item(
+    session: Session, item_id: int, max_attempts: int, worker: str | None = None
+) -> Item | None:
     """Claim an item for a run: None when it is done, cancelled, or out of attempts.
 
     Attempts are counted here, before the engine runs, so an item that kills its worker is
@@ -155,6 +157,7 @@ def start_item(session: Session, item_id: int, max_attempts: int) -> Item | None
     else:
         item.attempts += 1
         item.status = "running"
+        item.worker = worker
         item.started_at = utcnow()
         session.flush()
         refresh_job(session, item.job_id)
@@ -204,7 +207,7 @@ def _insert_once(session: Session, model: type, row: dict[str, Any]) -> bool:
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     stmt = insert(model).values(**row).on_conflict_do_nothing(index_elements=["item_id"])
-    return session.execute(stmt).rowcount == 1
+    return session.execute(stmt.returning(model.id)).scalar() is not None
 
 
 def fail_item(session: Session, item_id: int, code: str, message: str) -> None:
