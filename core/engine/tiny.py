@@ -71,10 +71,15 @@ def tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
-    tie_word_embeddings: bool = True,
-    scale: float = 1.0,
+    tie_word_embeddings: bool = False,
+    layer_scale: float = 4.0,
 ) -> llama.Model:
-    """A random mlx-lm llama in float32. `scale` > 1 sharpens its output distributions."""
+    """A random mlx-lm llama in float32.
+
+    `layer_scale` multiplies the attention and MLP output projections, so the blocks matter
+    against the residual stream and the model's next token depends on its context (a plain
+    random init mostly repeats the last token).
+    """
     args = llama.ModelArgs(
         model_type="llama",
         hidden_size=hidden_size,
@@ -89,9 +94,9 @@ def tiny_model(
     )
     mx.random.seed(seed)
     model = llama.Model(args)
-    if scale != 1.0:
-        emb = model.model.embed_tokens
-        emb.weight = emb.weight * scale
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * layer_scale
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * layer_scale
     mx.eval(model.parameters())
     return model
 
@@ -99,7 +104,7 @@ def tiny_model(
 def load_tiny(spec: str = "tiny-random") -> LoadedModel:
     """`tiny-random[:SEED]` as a LoadedModel with the byte tokenizer."""
     seed = int(spec.split(":", 1)[1]) if ":" in spec else 0
-    model = tiny_model(seed, scale=4.0)
+    model = tiny_model(seed)
     return LoadedModel(
         name=spec,
         model=model,

@@ -1,0 +1,74 @@
+"""The machine's verify-cost curve: how long the target takes to forward w tokens at once.
+
+Speculation pays only where verifying w tokens costs much less than w single steps. The
+curve is measured, not assumed: on this 2-core CPU (float32 + OpenBLAS) 8 tokens cost ~1.7x
+one token; on an H200 32 tokens cost about one. Draft length and tree size are chosen from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .forward import forward, make_cache, trim
+
+WIDTHS = (1, 2, 4, 8, 16)
+
+
+@dataclass
+class CostCurve:
+    """Milliseconds to verify w tokens, interpolated between the measured widths."""
+
+    widths: tuple[int, ...]
+    ms: tuple[float, ...]
+
+    def __call__(self, w: int) -> float:
+        if w <= self.widths[0]:
+            return self.ms[0]
+        for (w0, m0), (w1, m1) in zip(
+            zip(self.widths, self.ms), zip(self.widths[1:], self.ms[1:]), strict=False
+        ):
+            if w <= w1:
+                return m0 + (m1 - m0) * (w - w0) / (w1 - w0)
+        # Beyond the last width: extend the last slope.
+        w0, w1, m0, m1 = self.widths[-2], self.widths[-1], self.ms[-2], self.ms[-1]
+        return m1 + (m1 - m0) * (w - w1) / (w1 - w0)
+
+    def relative(self, w: int) -> float:
+        """Cost of verifying w tokens in units of one plain decoding step."""
+        return self(w) / self.ms[0]
+
+    @classmethod
+    def flat(cls) -> CostCurve:
+        """An accelerator-like curve (width is free): for tests and as a GPU prior."""
+        return cls(WIDTHS, tuple(1.0 for _ in WIDTHS))
+
+
+def measure_verify_curve(
+    model: nn.Module,
+    widths: Sequence[int] = WIDTHS,
+    context: int = 128,
+    repeats: int = 3,
+) -> CostCurve:
+    """Time the target forwarding w tokens after a `context`-token prefix (median of repeats)."""
+    vocab = model.model.embed_tokens.weight.shape[0]
+    cache = make_cache(model)
+    prefix = mx.random.randint(0, vocab, (1, context), key=mx.random.key(0))
+    mx.eval(forward(model, prefix, cache))
+    out = []
+    for w in widths:
+        toks = mx.random.randint(0, vocab, (1, w), key=mx.random.key(w))
+        mx.eval(forward(model, toks, cache))  # warm-up for this shape
+        trim(cache, w)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            mx.eval(forward(model, toks, cache))
+            times.append(time.perf_counter() - t0)
+            trim(cache, w)
+        out.append(1000 * sorted(times)[len(times) // 2])
+    return CostCurve(tuple(widths), tuple(out))
