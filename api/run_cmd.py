@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -29,14 +28,13 @@ def model_option(f: Callable) -> Callable:
     )(f)
 
 
-DRAFT_SPEC = re.compile(r"none|ngram|auto|early-exit:[1-9][0-9]*|draft-model:.+")
-
-
 def _check_draft(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    if not DRAFT_SPEC.fullmatch(value):
-        raise click.BadParameter(
-            f"{value!r} is not a drafter: use none, ngram, early-exit:L, draft-model:NAME or auto"
-        )
+    from core.engine import parse_draft_spec
+
+    try:
+        parse_draft_spec(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
     return value
 
 

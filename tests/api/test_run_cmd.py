@@ -111,7 +111,7 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
     r = CliRunner().invoke(cli, ["run", job, "-o", out, "--model", "no-such-model"])
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "no-such-model" in r.output
     r = _run(job, "-o", out, "--draft", "magic")
-    assert r.exit_code == 2 and "is not a drafter" in r.output
+    assert r.exit_code == 2 and "unknown drafter 'magic'" in r.output
     r = _run(job, "-o", out, "--top-p", "0")
     assert r.exit_code == 2 and "--top-p" in r.output
     for res in (missing, r):
