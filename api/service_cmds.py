@@ -170,6 +170,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     with _session() as s:
         summary = repo.job_summary(s, job_id)
+        s.rollback()
         total = summary["request_counts"]["total"]
         with click.progressbar(length=total, label=job_id, file=sys.stderr) as bar:
             seen = 0
@@ -183,8 +184,8 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                     click.echo(f"\ntimed out: {_status_line(summary)}", err=True)
                     sys.exit(2)
                 time.sleep(interval)
-                s.expire_all()
                 summary = repo.job_summary(s, job_id)
+                s.rollback()  # end the read transaction: never hold the store between polls
     click.echo(_status_line(summary), err=True)
     if summary["status"] != "completed" or summary["request_counts"]["failed"]:
         sys.exit(1)

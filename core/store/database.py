@@ -15,8 +15,10 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """A SQLAlchemy engine for `url`.
 
-    SQLite gets WAL (readers never block the writer), a busy timeout (workers and the CLI
-    write concurrently) and foreign keys on every connection; its parent directory is created.
+    SQLite gets WAL, a busy timeout (workers and the CLI write concurrently) and foreign keys
+    on every connection, and every transaction starts with BEGIN IMMEDIATE: pysqlite would
+    begin only at the first write, so a read-then-write (claiming an item while a cancel
+    commits) could act on a stale read. Its parent directory is created.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
@@ -25,10 +27,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
     event.listen(engine, "connect", _sqlite_pragmas)
+    event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
+def _sqlite_begin(connection: Any) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (_sqlite_begin)
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
