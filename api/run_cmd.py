@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from core.jobs import output_line
+from core.jobs import output_line, validate_for
 from core.settings import Settings
 
 
@@ -69,14 +69,12 @@ def open_store(settings: Settings):
     """A sessionmaker for the configured database, migrated to the latest revision."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from core.store.database import make_engine, make_sessionmaker
-    from migrations import upgrade
+    from api.client import open_sessions
 
     try:
-        upgrade(settings.database_url)
+        return open_sessions(settings.database_url)
     except SQLAlchemyError as e:
         raise click.ClickException(f"cannot open the database: {e.__class__.__name__}: {e}") from e
-    return make_sessionmaker(make_engine(settings.database_url))
 
 
 def load_engine(model: str, draft: str, k: int | None):
@@ -99,19 +97,6 @@ def read_job_file(path: str) -> list[str]:
     if not any(line.strip() for line in lines):
         raise click.ClickException(f"{path} has no requests")
     return lines
-
-
-def validate(lines: list[str], spec: str, target: Any, params: dict[str, Any]):
-    """parse_job with the target's names, tokenizer and context length."""
-    from core.jobs import model_names, parse_job, prompt_tokens
-
-    return parse_job(
-        lines,
-        model_names=model_names(spec, target),
-        overrides=params,
-        count_tokens=lambda r: len(prompt_tokens(target, r)),
-        context_length=target.context_length,
-    )
 
 
 def _write(f, line: dict[str, Any]) -> None:
@@ -156,7 +141,7 @@ def run_cmd(
     lines = read_job_file(input_file)
     engine = load_engine(model, draft, k)
     params = overrides(**params)
-    requests, bad = validate(lines, model, engine.target, params)
+    requests, bad = validate_for(lines, model, engine.target, params)
     sessions = open_store(settings)
     with sessions() as s:
         job = repo.create_job(

@@ -10,14 +10,7 @@ from typing import Any
 
 import click
 
-from api.run_cmd import (
-    generation_options,
-    model_option,
-    open_store,
-    overrides,
-    read_job_file,
-    validate,
-)
+from api.run_cmd import generation_options, model_option, open_store, overrides, read_job_file
 from core.settings import Settings
 
 
@@ -35,10 +28,9 @@ def _session():
 
 
 def _broker_error(settings: Settings, e: Exception) -> click.ClickException:
-    return click.ClickException(
-        f"cannot reach the broker at {settings.broker_url} ({type(e).__name__}: {e}); "
-        "is Redis running? (APPLESPEC_BROKER_URL)"
-    )
+    from api.client import broker_message
+
+    return click.ClickException(broker_message(settings, e))
 
 
 @click.command("submit")
@@ -70,63 +62,37 @@ def submit_cmd(
         applespec submit job.jsonl --model tiny-random --max-tokens 32
         applespec wait "$(applespec submit job.jsonl | tail -1)"
     """
-    from core.engine.loading import load_model
-    from core.engine.model import ModelError
-    from core.store import repo
-    from worker.app import create_app, queue_name
-    from worker.enqueue import broker_epoch, enqueue
+    from api.client import BrokerUnavailable, submit_lines
+    from core.engine import ModelError
 
     settings = Settings.from_env()
     lines = read_job_file(input_file)
     try:
-        target = load_model(model)  # the tokenizer and context length, for validation
-    except ModelError as e:
-        raise click.ClickException(str(e)) from e
-    params = overrides(**params)
-    requests, bad = validate(lines, model, target, params)
-    try:
-        epoch = broker_epoch(settings.broker_url)
-    except Exception as e:
-        raise _broker_error(settings, e) from e
-    sessions = open_store(settings)
-    app = create_app(settings)
-    with sessions() as s:
-        job = repo.create_job(
-            s,
+        summary, bad = submit_lines(
+            settings,
+            lines,
             model=model,
-            drafter=draft,
+            draft=draft,
             k=k,
-            params=params,
-            mode="service",
+            overrides=overrides(**params),
+            chunk_size=chunk_size,
             input_file=input_file,
-            queue=queue_name(model),
-            requests=requests,
-            errors=bad,
+            sessions=open_store(settings),
         )
-        repo.mark_in_progress(s, job.id, broker_epoch=epoch)
-        s.commit()
-        ids = repo.open_item_ids(s, job.id)
-        try:
-            chunks = enqueue(app, s, job.id, ids, chunk_size or settings.chunk_size)
-        except Exception as e:
-            # Stored but not queued: a worker's sweep enqueues it once the broker is back.
-            job.broker_epoch = None
-            s.commit()
-            raise _broker_error(settings, e) from e
-        summary = repo.job_summary(s, job.id)
-    summary.update(queue=job.queue, chunks=chunks)
+    except (ModelError, BrokerUnavailable) as e:
+        raise click.ClickException(str(e)) from e
     counts = summary["request_counts"]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(
-        f"{counts['total']} lines: {len(ids)} queued on {job.queue} in {chunks} chunks, "
-        f"{len(bad)} invalid",
+        f"{counts['total']} lines: {summary['queued']} queued on {summary['queue']} "
+        f"in {summary['chunks']} chunks, {len(bad)} invalid",
         err=True,
     )
     for e in bad:
         click.echo(f"  {e.message}", err=True)
-    click.echo(job.id)
+    click.echo(summary["id"])
 
 
 def _status_line(summary: dict[str, Any]) -> str:

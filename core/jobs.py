@@ -290,6 +290,19 @@ def prompt_tokens(target: Any, request: JobRequest) -> list[int]:
     return target.encode_prompt(request.prompt)
 
 
+def validate_for(
+    lines: Iterable[str], spec: str, target: Any, overrides: Mapping[str, Any] | None = None
+) -> tuple[list[JobRequest], list[LineError]]:
+    """parse_job for a loaded target: its names, its tokenizer and its context length."""
+    return parse_job(
+        lines,
+        model_names=model_names(spec, target),
+        overrides=overrides,
+        count_tokens=lambda r: len(prompt_tokens(target, r)),
+        context_length=target.context_length,
+    )
+
+
 def run_request(engine: Any, request: JobRequest) -> Any:
     """Generate one request with a core.engine Engine; returns its GenerationResult."""
     from core.engine import GenerationParams

@@ -221,3 +221,51 @@ def test_submit_without_broker_is_a_one_line_error(tmp_path):
     assert result.exit_code == 1
     assert result.output.startswith("Error: cannot reach the broker")
     assert "Traceback" not in result.output
+
+
+def test_python_client_submit_wait_iterate(farm, monkeypatch):
+    from api.client import Client
+    from core.settings import Settings
+
+    env, model, store, tmp = farm
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    client = Client(Settings.from_env())
+    requests = [{"custom_id": f"l{i}", "prompt": f"label {i}:"} for i in range(3)]
+    requests.append({"custom_id": "l0", "prompt": "duplicate"})
+    job = client.submit(requests, model=model, max_tokens=3)
+    assert job["invalid"] == [
+        {
+            "line": 4,
+            "code": "duplicate_custom_id",
+            "message": "line 4: duplicate custom_id 'l0' (first used on line 1)",
+        }
+    ]
+    final = client.wait(job["id"], timeout=120)
+    assert final["status"] == "completed"
+    lines = list(client.results(job["id"]))
+    assert [line["custom_id"] for line in lines] == ["l0", "l1", "l2", "l0"]
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] <= 3 for line in lines[:3])
+    assert lines[3]["error"]["code"] == "duplicate_custom_id"
+
+
+def test_client_wait_times_out_when_no_worker_serves_the_model(tmp_path, monkeypatch):
+    import redis
+
+    from api.client import Client, JobTimeout
+    from core.settings import Settings
+    from worker.app import queue_name
+
+    db = f"sqlite:///{tmp_path / 'idle.db'}"
+    env = service_env(db)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    model = unique_model()  # nobody consumes its queue
+    client = Client(Settings.from_env())
+    job = client.submit([{"custom_id": "a", "prompt": "x"}], model=model)
+    try:
+        with pytest.raises(JobTimeout, match="still in_progress"):
+            client.wait(job["id"], timeout=0.3, interval=0.1)
+        assert client.cancel(job["id"]) == "cancelled"
+    finally:
+        redis.Redis.from_url(env["APPLESPEC_BROKER_URL"]).delete(queue_name(model))
