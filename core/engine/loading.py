@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
 from .model import LoadedModel, ModelError
+from .registry import REGISTRY, install_hint, model_path
 
 
 def load_model(spec: str) -> LoadedModel:
     """Load a model by alias (`smollm2-135m`), `.gguf` path, mlx-lm directory or hub id.
+
+    Weights stay quantized on a GPU backend (Metal, CUDA); on the CPU backend they are
+    dequantized to float32, where MLX's quantized matmul is slow.
 
     Raises:
         ModelError: with a message a user can act on (missing file, unsupported
@@ -16,4 +25,91 @@ def load_model(spec: str) -> LoadedModel:
         from .tiny import load_tiny
 
         return load_tiny(spec)
-    raise ModelError(f"unknown model {spec!r}")
+    if spec in REGISTRY:
+        entry = REGISTRY[spec]
+        path = model_path(entry)
+        if path is None:
+            raise ModelError(f"model {spec!r} is not installed; run: {install_hint(entry)}")
+        return load_gguf(path, name=spec)
+    if spec.endswith(".gguf"):
+        return load_gguf(Path(spec).expanduser(), name=spec)
+    return load_mlx_lm(spec)
+
+
+def on_gpu() -> bool:
+    """True on a GPU backend (Metal or CUDA), where quantized matmuls are fast."""
+    return mx.default_device() == mx.gpu
+
+
+def load_gguf(path: Path, name: str | None = None, dequantize: bool | None = None) -> LoadedModel:
+    """A GGUF file (llama or qwen2, any quantization) as a LoadedModel.
+
+    Args:
+        path: the `.gguf` file.
+        name: the spec to record (defaults to the path).
+        dequantize: float32 weights; defaults to True on the CPU backend.
+    """
+    from .gguf import build_model, read_gguf
+    from .gguf_tokenizer import load_gguf_tokenizer
+
+    if dequantize is None:
+        dequantize = not on_gpu()
+    start = time.perf_counter()
+    g = read_gguf(path)
+    model, weight_format = build_model(g, dequantize=dequantize)
+    tokenizer = load_gguf_tokenizer(g.metadata)
+    types = sorted(set(g.tensor_types.values())) if g.tensor_types else None
+    return LoadedModel(
+        name=name or str(path),
+        model=model,
+        tokenizer=tokenizer,
+        context_length=int(g.arch_key("context_length", 4096)),
+        weight_format=weight_format,
+        info={
+            "source": "gguf",
+            "file": str(path),
+            "architecture": g.architecture,
+            "reader": g.reader,
+            "file_type": g.metadata.get("general.file_type"),
+            "tensor_types": types,
+            "load_s": round(time.perf_counter() - start, 3),
+        },
+    )
+
+
+def load_mlx_lm(spec: str) -> LoadedModel:
+    """An mlx-lm model directory or Hugging Face hub id through `mlx_lm.load`."""
+    from mlx_lm import load
+
+    path = Path(spec).expanduser()
+    looks_local = spec.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not (path / "config.json").is_file():
+        raise ModelError(
+            f"{spec!r} is neither a model alias, a .gguf file nor an mlx-lm model directory "
+            f"(no config.json); aliases: {', '.join(REGISTRY)}"
+        )
+    start = time.perf_counter()
+    try:
+        model, tokenizer, config = load(str(path) if looks_local else spec, return_config=True)
+    except ModelError:
+        raise
+    except Exception as e:  # hub errors, missing files, unknown model types
+        if not looks_local:
+            raise ModelError(
+                f"cannot load {spec!r}: not a model alias ({', '.join(REGISTRY)}), not a local "
+                f"path, and the Hugging Face hub could not provide it ({type(e).__name__}: {e})"
+            ) from e
+        raise ModelError(f"cannot load mlx-lm model {spec!r}: {type(e).__name__}: {e}") from e
+    qbits = (config.get("quantization") or {}).get("bits")
+    return LoadedModel(
+        name=spec,
+        model=model,
+        tokenizer=tokenizer,
+        context_length=int(config.get("max_position_embeddings") or 4096),
+        weight_format=f"q{qbits}" if qbits else str(config.get("torch_dtype", "float16")),
+        info={
+            "source": "mlx-lm",
+            "architecture": config.get("model_type"),
+            "load_s": round(time.perf_counter() - start, 3),
+        },
+    )

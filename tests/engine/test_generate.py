@@ -32,7 +32,7 @@ def engine_for(target, drafter, make_tiny, cost, k=None):
     return Engine(target, draft=drafter, k=k, cost=cost, **kw)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_greedy_speculative_equals_plain(seed, drafter, make_tiny, flat_cost):
     target = make_tiny(seed, tie_word_embeddings=seed % 2 == 0)
@@ -91,7 +91,7 @@ def test_sampled_speculation_matches_target_distribution(drafter, tokenizer, fla
     """The first three generated tokens' joint distribution matches the target's exact one.
 
     A 1-layer model with a 6-token vocabulary; the exact target distribution of the first two
-    tokens is computed by enumeration, then 1500 seeded runs are compared with a chi-square
+    tokens is computed by enumeration, then 800 seeded runs are compared with a chi-square
     bound (mean + 5 std: false alarms < 1e-5)."""
     V = 6
     kw = dict(
@@ -120,7 +120,7 @@ def test_sampled_speculation_matches_target_distribution(drafter, tokenizer, fla
         exact[a] = np.array(p1[a]) * np.array(p2)
     eng = Engine(target, draft=drafter, k=3, cost=flat_cost, **extra)
     counts = np.zeros((V, V))
-    runs = 1500
+    runs = 800
     for s in range(runs):
         toks = eng.generate(prompt, params(s)).tokens
         counts[toks[0], toks[1]] += 1  # vocab 6 has no EOS: always two tokens

@@ -1,0 +1,278 @@
+"""GGUF files as mlx-lm models: read tensors and metadata, map names, build the model.
+
+Two readers, one result. `mx.load` reads Q4_0/Q4_1/Q8_0 (as mlx quantized triples
+`X.weight`/`X.scales`/`X.biases`) and F32/F16 natively and fast; it refuses every
+other type (K-quants, BF16, IQ...). For those files the `gguf` package reads the file
+and dequantizes each tensor with `gguf.quants.dequantize`.
+
+llama.cpp's converter permutes the rows of Q and K for the `llama` architecture so that
+its interleaved ("traditional") RoPE works; we undo that so mlx-lm's default RoPE applies.
+It does not permute them for `qwen2`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .model import ModelError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_ARCHS = ("llama", "qwen2")
+GROUP = 32  # the block width of the GGUF types mx.load reads (Q4_0, Q4_1, Q8_0)
+
+# GGUF tensor name stem -> mlx-lm module path (`{n}` is the layer index).
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_SUFFIXES = ("weight", "bias", "scales", "biases")
+
+
+@dataclass
+class GGUFFile:
+    """The raw contents of a GGUF file.
+
+    Attributes:
+        tensors: GGUF tensor names -> arrays; quantized ones as mlx triples
+            (`.weight` uint32 packed, `.scales`, `.biases`), the rest float.
+        metadata: key -> plain Python value (str, int, float, bool or list).
+        reader: "mlx" (native) or "gguf" (the `gguf` package, dequantized).
+        tensor_types: GGUF tensor name -> ggml type name ("Q4_1", "Q4_K", "F32", ...).
+    """
+
+    tensors: dict[str, mx.array]
+    metadata: dict[str, Any]
+    reader: str
+    tensor_types: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "?"))
+
+    def arch_key(self, key: str, default: Any = None) -> Any:
+        """`{architecture}.{key}` from the metadata."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+def check_magic(path: Path) -> None:
+    """Raise ModelError unless `path` is a readable file that starts with the GGUF magic."""
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelError(f"{path} is not a GGUF file (bad magic)")
+
+
+def read_gguf(path: str | Path) -> GGUFFile:
+    """Read every tensor and metadata entry of a GGUF file.
+
+    Raises:
+        ModelError: the file is missing, not GGUF, or holds a tensor type nobody reads.
+    """
+    path = Path(path)
+    check_magic(path)
+    try:
+        tensors, metadata = mx.load(str(path), return_metadata=True)
+    except Exception:  # mx.load refuses K-quants and other types: use the gguf package
+        return _read_with_gguf_package(path)
+    return GGUFFile(
+        tensors=tensors,
+        metadata={k: _plain(v) for k, v in metadata.items()},
+        reader="mlx",
+        tensor_types={},
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, mx.array):
+        return value.item() if value.ndim == 0 else value.tolist()
+    return value
+
+
+def _read_with_gguf_package(path: Path) -> GGUFFile:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:
+        raise ModelError(f"cannot read GGUF file {path}: {e}") from e
+    metadata = {}
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        metadata[name] = f.contents()
+    tensors: dict[str, mx.array] = {}
+    types: dict[str, str] = {}
+    for t in reader.tensors:
+        try:
+            data = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise ModelError(
+                f"{path}: tensor {t.name} has type {t.tensor_type.name}, which cannot be dequantized"
+            ) from e
+        tensors[t.name] = mx.array(np.ascontiguousarray(data, dtype=np.float32))
+        types[t.name] = t.tensor_type.name
+    return GGUFFile(tensors=tensors, metadata=metadata, reader="gguf", tensor_types=types)
+
+
+def mlx_name(gguf_name: str) -> str | None:
+    """The mlx-lm parameter path for a GGUF tensor name, or None if it has no place there."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if suffix not in _SUFFIXES:
+        return None
+    if stem in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", stem)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{suffix}"
+    return None
+
+
+def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> half-split pairs).
+
+    llama.cpp writes `w.reshape(H, 2, D/2, ...).swapaxes(1, 2)`; this is its inverse.
+    Works on any array whose rows are the output features (weights, scales, biases).
+    """
+    rows = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
+
+
+def model_args(g: GGUFFile) -> tuple[Any, Any]:
+    """`(model_module, ModelArgs)` of the mlx-lm class for this file's architecture."""
+    arch = g.architecture
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(
+            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+    if "rope_freqs.weight" in g.tensors:
+        raise ModelError(
+            "GGUF with per-dimension RoPE frequencies (llama3 rope scaling) is not supported"
+        )
+    if g.arch_key("rope.scaling.type") not in (None, "none"):
+        raise ModelError(f"GGUF RoPE scaling {g.arch_key('rope.scaling.type')!r} is not supported")
+    emb = g.tensors["token_embd.weight"]
+    vocab = emb.shape[0]
+    hidden = int(g.arch_key("embedding_length"))
+    n_heads = int(g.arch_key("attention.head_count"))
+    common = dict(
+        model_type=arch,
+        hidden_size=hidden,
+        num_hidden_layers=int(g.arch_key("block_count")),
+        intermediate_size=int(g.arch_key("feed_forward_length")),
+        num_attention_heads=n_heads,
+        num_key_value_heads=int(g.arch_key("attention.head_count_kv", n_heads)),
+        rms_norm_eps=float(g.arch_key("attention.layer_norm_rms_epsilon")),
+        vocab_size=int(vocab),
+        max_position_embeddings=int(g.arch_key("context_length", 4096)),
+        rope_theta=float(g.arch_key("rope.freq_base", 10000.0)),
+        tie_word_embeddings="output.weight" not in g.tensors,
+    )
+    if arch == "llama":
+        from mlx_lm.models import llama
+
+        head_dim = int(g.arch_key("attention.key_length", hidden // n_heads))
+        return llama, llama.ModelArgs(**common, head_dim=head_dim)
+    from mlx_lm.models import qwen2
+
+    return qwen2, qwen2.ModelArgs(**common)
+
+
+def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
+    """The mlx-lm model holding this file's weights, and its weight format.
+
+    Args:
+        g: the file's contents.
+        dequantize: expand quantized triples to float32 (the CPU path); otherwise keep
+            them as mlx quantized layers (the GPU path).
+
+    Returns:
+        `(model, weight_format)`; the format is "float32", "float16" or e.g. "q4/q8"
+        (the bit widths kept, largest share first).
+    """
+    module, args = model_args(g)
+    weights = _mlx_weights(g, args)
+    quantized = {k[: -len(".scales")] for k in weights if k.endswith(".scales")}
+    model = module.Model(args)
+    bits_of: dict[str, int] = {}
+    if quantized and dequantize:
+        weights = _dequantize_all(weights, quantized)
+    elif quantized:
+        for path in quantized:
+            bits_of[path] = _bits(weights[f"{path}.weight"], weights[f"{path}.scales"])
+
+        def predicate(path: str, _m: nn.Module) -> bool | dict:
+            if path in bits_of:
+                return {"group_size": GROUP, "bits": bits_of[path]}
+            return False
+
+        nn.quantize(model, class_predicate=predicate)
+    if not dequantize:
+        # GPU backend: the float tensors (norms, or all of a file the gguf package read) in half.
+        weights = {
+            k: v if v.dtype == mx.uint32 else v.astype(mx.float16) for k, v in weights.items()
+        }
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    if bits_of:
+        shares: dict[int, int] = {}
+        for path, b in bits_of.items():
+            shares[b] = shares.get(b, 0) + weights[f"{path}.weight"].size
+        fmt = "/".join(f"q{b}" for b in sorted(shares, key=shares.get, reverse=True))
+    else:
+        fmt = "float16" if (g.reader == "gguf" and not dequantize) else "float32"
+    return model, fmt
+
+
+def _mlx_weights(g: GGUFFile, args: Any) -> dict[str, mx.array]:
+    out: dict[str, mx.array] = {}
+    for name, value in g.tensors.items():
+        target = mlx_name(name)
+        if target is None:
+            raise ModelError(
+                f"GGUF tensor {name!r} has no place in an mlx-lm {g.architecture} model"
+            )
+        if g.architecture == "llama" and re.fullmatch(r"blk\.\d+\.attn_[qk]\.\w+", name):
+            heads = args.num_attention_heads if ".attn_q." in name else args.num_key_value_heads
+            value = unpermute_rows(value, heads)
+        if value.dtype not in (mx.uint32,) and not name.endswith((".scales", ".biases")):
+            value = value.astype(mx.float32)
+        out[target] = value
+    return out
+
+
+def _bits(w: mx.array, scales: mx.array) -> int:
+    # `w` packs `in * bits / 32` uint32 per row; `scales` has one column per GROUP inputs.
+    return w.shape[1] * 32 // (scales.shape[1] * GROUP)
+
+
+def _dequantize_all(weights: dict[str, mx.array], quantized: set[str]) -> dict[str, mx.array]:
+    out = {k: v for k, v in weights.items() if k.rpartition(".")[0] not in quantized}
+    for path in quantized:
+        w, s, b = (weights[f"{path}.{x}"] for x in ("weight", "scales", "biases"))
+        bits = _bits(w, s)
+        # float32 scales: value = scale * q + bias in full precision, as llama.cpp computes it.
+        out[f"{path}.weight"] = mx.dequantize(
+            w, s.astype(mx.float32), b.astype(mx.float32), group_size=GROUP, bits=bits
+        )
+    return out
