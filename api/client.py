@@ -35,13 +35,13 @@ class JobTimeout(TimeoutError):
     """`wait` ran out of time before the job finished."""
 
 
-def open_sessions(url: str):
+def open_sessions(url: str, readonly: bool = False):
     """A sessionmaker for `url`, migrated to the latest schema first (idempotent)."""
     from core.store.database import make_engine, make_sessionmaker
     from migrations import upgrade
 
     upgrade(url)
-    return make_sessionmaker(make_engine(url))
+    return make_sessionmaker(make_engine(url), readonly=readonly)
 
 
 def submit_lines(
@@ -120,12 +120,23 @@ class Client:
     def __init__(self, settings: Settings | None = None):
         self.settings = settings or Settings.from_env()
         self._sessions = None
+        self._reader = None
 
     @property
     def sessions(self):
+        """Sessions that write (submit, cancel)."""
         if self._sessions is None:
             self._sessions = open_sessions(self.settings.database_url)
         return self._sessions
+
+    @property
+    def reader(self):
+        """Sessions that only read (status, wait, results): never hold SQLite's write lock."""
+        if self._reader is None:
+            from core.store.database import make_sessionmaker
+
+            self._reader = make_sessionmaker(self.sessions.kw["bind"], readonly=True)
+        return self._reader
 
     def submit(
         self,
@@ -166,7 +177,7 @@ class Client:
         """`applespec status --json` for a job."""
         from core.store import repo
 
-        with self.sessions() as s:
+        with self.reader() as s:
             return repo.job_summary(s, job_id)
 
     def wait(
@@ -204,7 +215,7 @@ class Client:
         """The job's output lines (OpenAI Batch format) in input order; errors included."""
         from core.store import repo
 
-        with self.sessions() as s:
+        with self.reader() as s:
             lines = [line for _, line in repo.output_lines(s, job_id)]
         yield from lines
 

@@ -65,14 +65,14 @@ def overrides(**params: Any) -> dict[str, Any]:
     return {k: params[k] for k in keys if params.get(k) is not None}
 
 
-def open_store(settings: Settings):
+def open_store(settings: Settings, readonly: bool = False):
     """A sessionmaker for the configured database, migrated to the latest revision."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from api.client import open_sessions
 
     try:
-        return open_sessions(settings.database_url)
+        return open_sessions(settings.database_url, readonly=readonly)
     except SQLAlchemyError as e:
         raise click.ClickException(f"cannot open the database: {e.__class__.__name__}: {e}") from e
 

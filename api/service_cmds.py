@@ -15,11 +15,11 @@ from core.settings import Settings
 
 
 @contextmanager
-def _session():
+def _session(readonly: bool = False):
     """A session on the configured store; an unknown job id is a one-line error."""
     from core.store.repo import UnknownJob
 
-    sessions = open_store(Settings.from_env())
+    sessions = open_store(Settings.from_env(), readonly=readonly)
     with sessions() as session:
         try:
             yield session
@@ -115,7 +115,7 @@ def status_cmd(job_id: str, as_json: bool) -> None:
     """Show a job's status, request counts, acceptance and throughput so far."""
     from core.store import repo
 
-    with _session() as s:
+    with _session(readonly=True) as s:
         summary = repo.job_summary(s, job_id)
     click.echo(json.dumps(summary, indent=2) if as_json else _status_line(summary))
 
@@ -134,7 +134,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
     from core.store.models import JOB_DONE
 
     deadline = None if timeout is None else time.monotonic() + timeout
-    with _session() as s:
+    with _session(readonly=True) as s:
         summary = repo.job_summary(s, job_id)
         s.rollback()
         total = summary["request_counts"]["total"]
@@ -169,7 +169,7 @@ def results_cmd(job_id: str, output: str, errors: str | None) -> None:
     from core.store import repo
 
     written = {True: 0, False: 0}
-    with _session() as s, open(output, "w", encoding="utf-8") as out:
+    with _session(readonly=True) as s, open(output, "w", encoding="utf-8") as out:
         summary = repo.job_summary(s, job_id)
         err = open(errors, "w", encoding="utf-8") if errors else out
         try:
@@ -193,7 +193,7 @@ def jobs_cmd(limit: int, as_json: bool) -> None:
     """List the most recent jobs."""
     from core.store import repo
 
-    with _session() as s:
+    with _session(readonly=True) as s:
         rows = [
             {
                 "id": j.id,

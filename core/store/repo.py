@@ -159,9 +159,7 @@ def start_item(
         item.status = "running"
         item.worker = worker
         item.started_at = utcnow()
-        session.flush()
-        refresh_job(session, item.job_id)
-        session.commit()
+        session.commit()  # a start changes no count: no job recount here
         return item
     session.flush()
     refresh_job(session, item.job_id)
