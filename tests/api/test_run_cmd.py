@@ -98,6 +98,8 @@ def test_run_jobs_are_in_the_store(tmp_path):
     assert strip == [(c, r and r["body"]["choices"], e) for c, r, e in second]
     listed = runner.invoke(cli, ["jobs", "--json"])
     assert job_id in [j["id"] for j in json.loads(listed.stdout)]
+    retry = runner.invoke(cli, ["retry", job_id])
+    assert retry.exit_code == 1 and "was run with `applespec run`" in retry.output
 
 
 def test_user_mistakes_are_one_line_errors(tmp_path):

@@ -118,6 +118,14 @@ def test_poison_item_is_capped_and_fails_alone(farm):
     by_id = {line["custom_id"]: line for line in read_jsonl(out)}
     assert by_id["poison"]["error"]["code"] == "max_attempts_exceeded"
     assert by_id["a"]["error"] is None
+    # retry queues the failed item again with fresh attempts; it still kills its worker.
+    assert "1 requests queued again" in cli_ok(env, "retry", job_id)
+    assert store.job(job_id).status in ("in_progress", "completed")
+    CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "150"])
+    items = {i.custom_id: i for i in store.items(job_id)}
+    assert items["poison"].status == "failed" and items["poison"].attempts == 2
+    assert [i.attempts for k, i in sorted(items.items()) if k != "poison"] == [1, 1, 1]
+    assert store.job(job_id).status == "completed"
 
 
 def test_cancel_stops_the_remaining_items(farm):
