@@ -169,7 +169,7 @@ def run_cmd(
         err_out = stack.enter_context(open(errors, "w", encoding="utf-8")) if errors else out
         if errors:
             for e in pending_errors:
-                _write(err_out, output_line(e.custom_id, error=e.to_error()))
+                _write(err_out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
             pending_errors = []
         bar = stack.enter_context(
             click.progressbar(length=len(item_ids), label="requests", file=sys.stderr)
@@ -184,12 +184,12 @@ def run_cmd(
             # Bad lines go into the output in input order when there is no --errors file.
             while pending_errors and pending_errors[0].line < done.line:
                 e = pending_errors.pop(0)
-                _write(out, output_line(e.custom_id, error=e.to_error()))
+                _write(out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
             if done.error is not None:
                 failed += 1
-                _write(err_out, output_line(done.custom_id, error=done.error))
+                _write(err_out, output_line(job_id, done.line, done.custom_id, error=done.error))
             else:
-                _write(out, output_line(done.custom_id, body=done.body))
+                _write(out, output_line(job_id, done.line, done.custom_id, body=done.body))
                 tokens += len(done.result.tokens)
                 steps += int(done.result.speculative.get("verify_steps") or 0)
             if verbose:
@@ -197,7 +197,7 @@ def run_cmd(
                 click.echo(f"\n[{done.custom_id}] {text}", err=True)
             bar.update(1)
         for e in pending_errors:
-            _write(out, output_line(e.custom_id, error=e.to_error()))
+            _write(out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
     wall = time.perf_counter() - start
     with sessions() as s:
         summary = repo.job_summary(s, job_id)

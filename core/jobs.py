@@ -236,19 +236,30 @@ def read_lines(path: str) -> list[str]:
 
 
 def output_line(
+    job_id: str,
+    line: int,
     custom_id: str | None,
     *,
     body: dict[str, Any] | None = None,
     error: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One OpenAI Batch output line: a 200 response with `body`, or an `error`."""
-    line_id = f"batch_req_{uuid.uuid4().hex}"
+    """One OpenAI Batch output line: a 200 response with `body`, or an `error`.
+
+    Its ids derive from the job and the input line, so `run`'s output and a later
+    `applespec results` of the same job are identical.
+    """
+    key = f"{job_id.removeprefix('batch_')}_{line}"
     if error is not None:
-        return {"id": line_id, "custom_id": custom_id, "response": None, "error": dict(error)}
+        return {
+            "id": f"batch_req_{key}",
+            "custom_id": custom_id,
+            "response": None,
+            "error": dict(error),
+        }
     return {
-        "id": line_id,
+        "id": f"batch_req_{key}",
         "custom_id": custom_id,
-        "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
+        "response": {"status_code": 200, "request_id": f"req_{key}", "body": body},
         "error": None,
     }
 

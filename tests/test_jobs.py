@@ -138,9 +138,9 @@ class _Result:
 
 def test_output_lines_follow_the_batch_format():
     body = completion_body("tiny-random", _Result(), created=1)
-    ok = output_line("a", body=body)
+    ok = output_line("batch_abc", 3, "a", body=body)
     assert ok["custom_id"] == "a" and ok["error"] is None
-    assert ok["id"].startswith("batch_req_")
+    assert ok["id"] == "batch_req_abc_3" and ok["response"]["request_id"] == "req_abc_3"
     assert ok["response"]["status_code"] == 200
     b = ok["response"]["body"]
     assert b["object"] == "chat.completion" and b["model"] == "tiny-random"
@@ -149,5 +149,5 @@ def test_output_lines_follow_the_batch_format():
     ]
     assert b["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert b["speculative"]["drafter"] == "ngram" and b["timing"]["total_s"] == 0.5
-    bad = output_line("x", error={"code": "invalid_json", "message": "line 1: ..."})
+    bad = output_line("batch_abc", 1, "x", error={"code": "invalid_json", "message": "line 1: ..."})
     assert bad["response"] is None and bad["error"]["code"] == "invalid_json"

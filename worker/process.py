@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core.engine.model import ModelError
 from core.jobs import JobRequest, completion_body, run_request
 from core.store import repo
 from core.store.models import Job
@@ -61,7 +62,7 @@ def process_item(
         engine = engine_for(job)
         result = run_request(engine, request)
     except Exception as e:  # a bad item fails alone; the chunk goes on
-        code = "model_error" if type(e).__name__ == "ModelError" else "engine_error"
+        code = "model_error" if isinstance(e, ModelError) else "engine_error"
         error = {"code": code, "message": f"line {item.line}: {type(e).__name__}: {e}"}
         repo.fail_item(session, item.id, **error)
         return Outcome(item.line, item.custom_id, error=error)

@@ -335,10 +335,10 @@ def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str
     )
     for item, result in rows:
         if result is not None:
-            yield True, output_line(item.custom_id, body=result.body)
+            yield True, output_line(job_id, item.line, item.custom_id, body=result.body)
         elif item.status in ITEM_DONE:
             error = {"code": item.error_code or item.status, "message": item.error_message or ""}
-            yield False, output_line(item.custom_id, error=error)
+            yield False, output_line(job_id, item.line, item.custom_id, error=error)
 
 
 def list_jobs(session: Session, limit: int = 50) -> list[Job]:
