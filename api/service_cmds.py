@@ -303,7 +303,12 @@ def db_group() -> None:
 @db_group.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
 def db_upgrade_cmd(revision: str) -> None:
-    """Migrate the database (APPLESPEC_DATABASE_URL) to the latest schema."""
+    """Migrate the database to the latest schema (idempotent).
+
+    The database is APPLESPEC_DATABASE_URL: SQLite at
+    $XDG_DATA_HOME/applespec/applespec.db (~/.local/share/applespec/applespec.db) by default,
+    or PostgreSQL with postgresql+psycopg://USER@HOST:PORT/DB.
+    """
     from sqlalchemy.exc import SQLAlchemyError
 
     from migrations import upgrade
