@@ -27,16 +27,12 @@ class CostCurve:
     ms: tuple[float, ...]
 
     def __call__(self, w: int) -> float:
-        if w <= self.widths[0]:
-            return self.ms[0]
-        for (w0, m0), (w1, m1) in zip(
-            zip(self.widths, self.ms), zip(self.widths[1:], self.ms[1:]), strict=False
-        ):
-            if w <= w1:
-                return m0 + (m1 - m0) * (w - w0) / (w1 - w0)
-        # Beyond the last width: extend the last slope.
-        w0, w1, m0, m1 = self.widths[-2], self.widths[-1], self.ms[-2], self.ms[-1]
-        return m1 + (m1 - m0) * (w - w1) / (w1 - w0)
+        ws, ms = self.widths, self.ms
+        if w <= ws[0]:
+            return ms[0]
+        i = next((j for j in range(1, len(ws)) if w <= ws[j]), len(ws) - 1)
+        # Linear between measured widths; beyond the last one, the last slope continues.
+        return ms[i - 1] + (ms[i] - ms[i - 1]) * (w - ws[i - 1]) / (ws[i] - ws[i - 1])
 
     def relative(self, w: int) -> float:
         """Cost of verifying w tokens in units of one plain decoding step."""

@@ -171,6 +171,8 @@ class Engine:
                     prompt, first, cache, params, keys, max_tokens, metrics
                 )
         metrics.t_end = time.perf_counter()
+        if self.kind == "none":  # one fused step per token: all decode time is verification
+            metrics.phases["verify_s"] = metrics.t_end - metrics.t_first
         return GenerationResult(
             tokens=out,
             text=self.target.decode(out),
@@ -216,7 +218,6 @@ class Engine:
                 return out, "stop"
             out.append(t)
             if last:
-                metrics.phases["verify_s"] = time.perf_counter() - metrics.t_first
                 return out, "length"
             y = nxt
 

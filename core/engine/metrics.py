@@ -43,7 +43,9 @@ class RequestMetrics:
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "verify_steps": self.verify_steps,
-            "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            "acceptance_rate": self.accepted_tokens / self.draft_tokens
+            if self.draft_tokens
+            else 0.0,
             "mean_accepted_length": (
                 self.emitted_tokens / self.verify_steps if self.verify_steps else 0.0
             ),
@@ -59,7 +61,9 @@ class RequestMetrics:
         phases = {k: (round(v, 6) if self.profiled else None) for k, v in self.phases.items()}
         return {
             "ttft_s": round(first - self.t_start, 6),
-            "decode_tokens_per_s": (generated - 1) / decode if generated > 1 and decode > 0 else 0.0,
+            "decode_tokens_per_s": (generated - 1) / decode
+            if generated > 1 and decode > 0
+            else 0.0,
             **phases,
             "total_s": round(total, 6),
             "peak_memory_bytes": int(mx.get_peak_memory()),

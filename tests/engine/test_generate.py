@@ -15,7 +15,14 @@ PROMPTS = [
     "Label: positive. Text: I loved it. Label: negative. Text: awful. Label:",
     "def add(a, b):\n    return a + b\n\ndef add(",
 ]
-DRAFTERS = ["ngram", "early-exit:1", "early-exit:3", "auto", "draft-model:same", "draft-model:other"]
+DRAFTERS = [
+    "ngram",
+    "early-exit:1",
+    "early-exit:3",
+    "auto",
+    "draft-model:same",
+    "draft-model:other",
+]
 
 
 def engine_for(target, drafter, make_tiny, cost, k=None):
@@ -44,10 +51,7 @@ def test_plain_greedy_equals_mlx_lm(make_tiny):
     target = make_tiny(1)
     prompt = target.encode_prompt(PROMPTS[1])
     ours = Engine(target, draft="none").generate(prompt, GenerationParams(max_tokens=40))
-    theirs = [
-        int(t)
-        for t, _ in generate_step(mx.array(prompt), target.model, max_tokens=40)
-    ]
+    theirs = [int(t) for t, _ in generate_step(mx.array(prompt), target.model, max_tokens=40)]
     # mlx-lm does not stop at EOS inside generate_step; compare up to our stop point.
     assert ours.tokens == theirs[: len(ours.tokens)]
     assert len(ours.tokens) == 40 or theirs[len(ours.tokens)] in target.eos_token_ids
@@ -90,8 +94,15 @@ def test_sampled_speculation_matches_target_distribution(drafter, tokenizer, fla
     tokens is computed by enumeration, then 800 seeded runs are compared with a chi-square
     bound (mean + 5 std: false alarms < 1e-5)."""
     V = 6
-    kw = dict(vocab_size=V, hidden_size=16, num_layers=3, num_heads=2, num_kv_heads=1,
-              intermediate_size=32, layer_scale=2.0)
+    kw = dict(
+        vocab_size=V,
+        hidden_size=16,
+        num_layers=3,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=32,
+        layer_scale=2.0,
+    )
     target = LoadedModel("t", tiny_model(5, **kw), tokenizer, 4096)
     extra = {}
     if drafter == "draft-model:noisy":
@@ -161,8 +172,9 @@ def test_eos_stops_and_is_not_returned(make_tiny, flat_cost):
         assert r.tokens == [] and r.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("spec", ["bogus", "early-exit", "early-exit:x", "early-exit:0",
-                                  "early-exit:99", "ngram:3"])
+@pytest.mark.parametrize(
+    "spec", ["bogus", "early-exit", "early-exit:x", "early-exit:0", "early-exit:99", "ngram:3"]
+)
 def test_bad_drafter_spec(spec, make_tiny):
     with pytest.raises(ValueError, match="drafter|layer"):
         Engine(make_tiny(0), draft=spec)

@@ -54,7 +54,9 @@ class NgramDrafter:
 
     def propose(self, history: list[int], k: int, sampler: DraftSampler) -> Draft:
         cont = self.lookup(history, k)
-        return Draft(tokens=mx.array([cont], dtype=mx.int32).reshape(1, len(cont)), source=self.name)
+        return Draft(
+            tokens=mx.array([cont], dtype=mx.int32).reshape(1, len(cont)), source=self.name
+        )
 
     def commit(self, draft: Draft, num_accepted: int) -> None:
         pass
