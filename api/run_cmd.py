@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from core.jobs import output_line, validate_for
+from core.jobs import output_line, read_lines, validate_for
 from core.settings import Settings
 
 
@@ -89,14 +89,20 @@ def load_engine(model: str, draft: str, k: int | None):
 
 def read_job_file(path: str) -> list[str]:
     try:
-        from core.jobs import read_lines
-
         lines = read_lines(path)
     except (OSError, UnicodeDecodeError) as e:
         raise click.ClickException(f"cannot read {path}: {e}") from e
     if not any(line.strip() for line in lines):
         raise click.ClickException(f"{path} has no requests")
     return lines
+
+
+def open_output(path: str):
+    """Open an output file for writing; a path that cannot be written is a one-line error."""
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise click.ClickException(f"cannot write {path}: {e.strerror}") from e
 
 
 def _write(f, line: dict[str, Any]) -> None:
@@ -142,31 +148,33 @@ def run_cmd(
     engine = load_engine(model, draft, k)
     params = overrides(**params)
     requests, bad = validate_for(lines, model, engine.target, params)
-    sessions = open_store(settings)
-    with sessions() as s:
-        job = repo.create_job(
-            s,
-            model=model,
-            drafter=draft,
-            k=k,
-            params=params,
-            mode="embedded",
-            input_file=input_file,
-            requests=requests,
-            errors=bad,
-        )
-        repo.mark_in_progress(s, job.id)
-        s.commit()
-        job_id = job.id
-        item_ids = repo.open_item_ids(s, job_id)
-
-    failed = len(bad)
-    tokens = steps = 0
-    start = time.perf_counter()
-    pending_errors = sorted(bad, key=lambda e: e.line)
     with contextlib.ExitStack() as stack:
-        out = stack.enter_context(open(output, "w", encoding="utf-8"))
-        err_out = stack.enter_context(open(errors, "w", encoding="utf-8")) if errors else out
+        # Open the outputs before the job exists: a bad path is a one-line error, not a
+        # job left in progress.
+        out = stack.enter_context(open_output(output))
+        err_out = stack.enter_context(open_output(errors)) if errors else out
+        sessions = open_store(settings)
+        with sessions() as s:
+            job = repo.create_job(
+                s,
+                model=model,
+                drafter=draft,
+                k=k,
+                params=params,
+                mode="embedded",
+                input_file=input_file,
+                requests=requests,
+                errors=bad,
+            )
+            repo.mark_in_progress(s, job.id)
+            s.commit()
+            job_id = job.id
+            item_ids = repo.open_item_ids(s, job_id)
+
+        failed = len(bad)
+        tokens = steps = 0
+        start = time.perf_counter()
+        pending_errors = sorted(bad, key=lambda e: e.line)
         if errors:
             for e in pending_errors:
                 _write(err_out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))

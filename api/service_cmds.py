@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from api.run_cmd import generation_options, model_option, open_store, overrides, read_job_file
+from api.run_cmd import (
+    generation_options,
+    model_option,
+    open_output,
+    open_store,
+    overrides,
+    read_job_file,
+)
 from core.settings import Settings
 
 
@@ -169,9 +176,10 @@ def results_cmd(job_id: str, output: str, errors: str | None) -> None:
     from core.store import repo
 
     written = {True: 0, False: 0}
-    with _session(readonly=True) as s, open(output, "w", encoding="utf-8") as out:
-        summary = repo.job_summary(s, job_id)
-        err = open(errors, "w", encoding="utf-8") if errors else out
+    with _session(readonly=True) as s:
+        summary = repo.job_summary(s, job_id)  # an unknown job fails before any file opens
+    with _session(readonly=True) as s, open_output(output) as out:
+        err = open_output(errors) if errors else out
         try:
             for ok, line in repo.output_lines(s, job_id):
                 (out if ok else err).write(json.dumps(line, ensure_ascii=False) + "\n")

@@ -111,6 +111,10 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "no-such-model" in r.output
     r = _run(job, "-o", out, "--draft", "magic")
     assert r.exit_code == 2 and "unknown drafter 'magic'" in r.output
+    r = _run(job, "-o", str(tmp_path / "no-such-dir" / "out.jsonl"))
+    assert r.exit_code == 1 and r.output.startswith("Error: cannot write ")
+    listed = CliRunner().invoke(cli, ["jobs", "--json"])
+    assert listed.exit_code == 0 and listed.stdout.strip() == "[]"  # no job was left behind
     r = _run(job, "-o", out, "--top-p", "0")
     assert r.exit_code == 2 and "--top-p" in r.output
     for res in (missing, r):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -93,23 +94,18 @@ class Worker:
         return int(stat.rsplit(")", 1)[1].split()[1]) == self.pid
 
     def kill(self) -> None:
-        with_suppress_lookup(lambda: os.killpg(self.pid, signal.SIGKILL))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            with_suppress_lookup(lambda: os.killpg(self.pid, signal.SIGTERM))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def with_suppress_lookup(fn) -> None:
-    try:
-        fn()
-    except ProcessLookupError:
-        pass
 
 
 def free_port() -> int:
