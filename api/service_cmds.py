@@ -149,7 +149,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
             seen = 0
             while True:
                 c = summary["request_counts"]
-                bar.update(c["completed"] + c["failed"] - seen)
+                bar.update(max(0, c["completed"] + c["failed"] - seen))
                 seen = c["completed"] + c["failed"]
                 if summary["status"] in JOB_DONE:
                     break

@@ -244,7 +244,7 @@ def cancel_job(session: Session, job_id: str) -> Job:
     job = get_job(session, job_id)
     if job.status in JOB_DONE:
         return job
-    job.status, job.cancelling_at = "cancelling", utcnow()
+    # Items before the job row: the order workers lock them in (no deadlock on PostgreSQL).
     session.execute(
         update(Item)
         .where(Item.job_id == job_id, Item.status == "pending")
@@ -255,6 +255,7 @@ def cancel_job(session: Session, job_id: str) -> Job:
             finished_at=utcnow(),
         )
     )
+    job.status, job.cancelling_at = "cancelling", utcnow()
     refresh_job(session, job_id)
     session.commit()
     return job
