@@ -277,3 +277,30 @@ def test_client_wait_times_out_when_no_worker_serves_the_model(tmp_path, monkeyp
         assert client.cancel(job["id"]) == "cancelled"
     finally:
         redis.Redis.from_url(env["APPLESPEC_BROKER_URL"]).delete(queue_name(model))
+
+
+def test_two_workers_on_postgresql(postgres_url, tmp_path):
+    """The farm setup: PostgreSQL store, two workers sharing one job's queue."""
+    env = service_env(postgres_url)
+    upgrade(postgres_url)
+    model = unique_model()
+    store = Store(postgres_url)
+    workers = [Worker(env, model, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        for w in workers:
+            w.wait_ready()
+        path = write_prompts(tmp_path / "job.jsonl", [f"p{i:02d}" for i in range(12)], 8)
+        job_id = submit(env, path, model, "--chunk-size", "1")
+        waited = CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "120"])
+        assert waited.exit_code == 0, waited.output
+        per_item = store.results_per_item(job_id)
+        assert len(per_item) == 12 and set(per_item.values()) == {1}
+        hosts = {m.worker_host for m in store.metrics(job_id).values()}
+        assert len(hosts) == 2  # both workers took chunks
+        out = tmp_path / "out.jsonl"
+        cli_ok(env, "results", job_id, "-o", str(out))
+        assert [line["custom_id"] for line in read_jsonl(out)] == [f"p{i:02d}" for i in range(12)]
+    finally:
+        for w in workers:
+            w.stop()
+        store.dispose()
