@@ -58,6 +58,7 @@ def register(app: Celery, settings: Settings) -> None:
 
     @app.task(
         name=TASK_NAME,
+        shared=False,  # bound to this app and its settings, not to every app made later
         autoretry_for=(OperationalError,),
         retry_backoff=True,
         retry_backoff_max=60,

@@ -76,3 +76,26 @@ def test_sweep_requeues_jobs_of_a_lost_broker_once(tmp_path, fake_broker):
     assert sorted(i for _, (_, chunk), _ in sent for i in chunk) == first[1:]
     assert {(name, queue) for name, _, queue in sent} == {(TASK_NAME, "applespec.q")}
     assert sweep(app, sessions) == []  # the job now belongs to the new epoch
+
+
+def test_database_errors_retry_the_chunk(monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from worker import tasks
+
+    calls = []
+
+    def flaky(settings, job_id, item_ids):
+        calls.append((settings.database_url, job_id, item_ids))
+        if len(calls) < 3:
+            raise OperationalError("UPDATE items", {}, Exception("database is locked"))
+        return {"completed": len(item_ids), "failed": 0, "skipped": 0}
+
+    monkeypatch.setattr(tasks, "run_chunk", flaky)
+    create_app(Settings(database_url="sqlite:///other.db", broker_url="memory://"))
+    app = create_app(Settings(database_url="sqlite:///this.db", broker_url="memory://"))
+    app.conf.task_always_eager = True
+    result = app.tasks[TASK_NAME].apply(args=["batch_x", [1, 2]])
+    assert result.get() == {"completed": 2, "failed": 0, "skipped": 0}
+    # Retried with backoff, and always with this app's settings (not an earlier app's).
+    assert calls == [("sqlite:///this.db", "batch_x", [1, 2])] * 3
