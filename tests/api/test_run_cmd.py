@@ -119,5 +119,7 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
     assert r.exit_code == 2 and "--top-p" in r.output
     for res in (missing, r):
         assert "Traceback" not in res.output
-    unknown = CliRunner().invoke(cli, ["status", "batch_nope"])
-    assert unknown.exit_code == 1 and unknown.output == "Error: no job 'batch_nope'\n"
+    for command in (["status"], ["wait"], ["results", "-o", out], ["cancel"], ["retry"]):
+        unknown = CliRunner().invoke(cli, [*command[:1], "batch_nope", *command[1:]])
+        assert unknown.exit_code == 1, command
+        assert unknown.output == "Error: no job 'batch_nope'\n", command
