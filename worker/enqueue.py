@@ -38,11 +38,16 @@ def enqueue(
         The number of chunks sent.
     """
     job = repo.get_job(session, job_id)
-    if item_ids:
-        session.execute(update(Item).where(Item.id.in_(item_ids)).values(queued_at=utcnow()))
+    chunks = [item_ids[i : i + chunk_size] for i in range(0, len(item_ids), chunk_size)]
+    now = utcnow()
+    for i in range(0, len(item_ids), 500):  # bounded IN lists (SQLite caps bound parameters)
+        batch = item_ids[i : i + 500]
+        session.execute(
+            update(Item).where(Item.id.in_(batch)).values(queued_at=now),
+            execution_options={"synchronize_session": False},
+        )
     queue = job.queue
     session.commit()
-    chunks = [item_ids[i : i + chunk_size] for i in range(0, len(item_ids), chunk_size)]
     with app.producer_or_acquire() as producer:
         for chunk in chunks:
             app.send_task(TASK_NAME, args=[job_id, chunk], queue=queue, producer=producer)

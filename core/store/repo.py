@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -60,26 +60,35 @@ def create_job(
         total=len(requests) + len(errors),
     )
     session.add(job)
+    session.flush()
     now = utcnow()
-    items = [
-        Item(job=job, line=r.line, custom_id=r.custom_id, request=r.to_dict(), status="pending")
+    rows = [
+        {
+            "job_id": job.id,
+            "line": r.line,
+            "custom_id": r.custom_id,
+            "request": r.to_dict(),
+            "status": "pending",
+            "attempts": 0,
+        }
         for r in requests
     ]
-    items += [
-        Item(
-            job=job,
-            line=e.line,
-            custom_id=e.custom_id,
-            request=None,
-            status="invalid",
-            error_code=e.code,
-            error_message=e.message,
-            finished_at=now,
-        )
+    rows += [
+        {
+            "job_id": job.id,
+            "line": e.line,
+            "custom_id": e.custom_id,
+            "request": None,
+            "status": "invalid",
+            "attempts": 0,
+            "error_code": e.code,
+            "error_message": e.message,
+            "finished_at": now,
+        }
         for e in errors
     ]
-    session.add_all(items)
-    session.flush()
+    if rows:  # one multi-row INSERT per batch, not one ORM object per line
+        session.execute(insert(Item), rows)
     refresh_job(session, job.id)
     return job
 
@@ -269,7 +278,7 @@ def retry_job(session: Session, job_id: str) -> list[int]:
         return []
     session.execute(
         update(Item)
-        .where(Item.id.in_(ids))
+        .where(Item.job_id == job_id, Item.status == "failed")
         .values(status="pending", attempts=0, error_code=None, error_message=None, finished_at=None)
     )
     job.status = "in_progress"
