@@ -129,3 +129,31 @@ def test_retry_resets_failed_items(sessions):
 def test_unknown_job(sessions):
     with sessions() as s, pytest.raises(repo.UnknownJob, match="no job 'batch_nope'"):
         repo.job_summary(s, "batch_nope")
+
+
+def test_a_large_job_is_stored_and_queued_whole(sessions):
+    """33k lines, past SQLite's default cap of 32766 bound parameters per statement (this
+    machine's SQLite allows more, so the cap itself is not exercised here): every item is
+    stored, queued in bounded batches, and sent in exactly one chunk."""
+    from celery import Celery
+
+    from worker.enqueue import enqueue
+
+    n = 33_000
+    lines = [json.dumps({"custom_id": f"c{i}", "prompt": "p"}) for i in range(n)]
+    requests, errors = parse_job(lines)
+    app = Celery(broker="memory://", set_as_current=False)
+    sent = []
+    app.send_task = lambda name, args, queue, producer: sent.append(args[1])
+    with sessions() as s:
+        job = repo.create_job(s, model="m", requests=requests, errors=errors, queue="q")
+        repo.mark_in_progress(s, job.id)
+        s.commit()
+        ids = repo.open_item_ids(s, job.id)
+        assert len(ids) == n
+        assert enqueue(app, s, job.id, ids, chunk_size=1000) == 33
+        assert sorted(i for chunk in sent for i in chunk) == sorted(ids)
+        queued = s.scalar(
+            select(func.count(Item.id)).where(Item.job_id == job.id, Item.queued_at.is_not(None))
+        )
+        assert queued == n
