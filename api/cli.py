@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import click
 
+from api.bench_cmd import bench
+from api.blas import reexec_with_openblas
+from api.models_cmds import models
+
 
 @click.group()
 @click.version_option(package_name="applespec")
@@ -11,9 +15,8 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
-from api.bench_cmd import bench  # noqa: E402
-
 cli.add_command(bench)
+cli.add_command(models)
 
 from api.run_cmd import run_cmd  # noqa: E402
 from api.service_cmds import SERVICE_COMMANDS  # noqa: E402
@@ -23,6 +26,7 @@ for _command in (run_cmd, *SERVICE_COMMANDS):
 
 
 def main() -> None:
+    reexec_with_openblas()  # Linux CPU: swap MLX's reference BLAS for OpenBLAS (~10x matmuls)
     cli()
 
 

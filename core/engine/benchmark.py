@@ -35,6 +35,7 @@ class Row:
     drafted: int = 0
     accepted: int = 0
     outputs: list[list[int]] = field(default_factory=list)
+    by_category: dict[str, list[float]] = field(default_factory=dict)  # tokens, s, steps, emitted
 
     @property
     def tokens_per_s(self) -> float:
@@ -104,7 +105,13 @@ def run_bench(
         spec, _, k = d.partition("/")  # "early-exit:8/4" = early exit at layer 8, fixed k = 4
         dm = draft_model if spec.startswith("draft-model") or spec == "auto" else None
         eng = Engine(
-            target, draft=spec, k=int(k) if k else None, cost=cost, draft_model=dm, profile=False
+            target,
+            draft="none" if spec == "none-sync" else spec,
+            k=int(k) if k else None,
+            cost=cost,
+            draft_model=dm,
+            profile=False,
+            double_buffer=spec != "none-sync",  # none-sync: plain decoding, a sync per token
         )
         runners[f"ours_{d}"] = engine_runner(eng, max_tokens)
 
@@ -128,6 +135,11 @@ def run_bench(
             row.emitted += round(info.get("mean_accepted_length", 0) * info.get("verify_steps", 0))
             row.drafted += info.get("draft_tokens", 0)
             row.accepted += info.get("accepted_tokens", info.get("from_draft", 0))
+            cat = row.by_category.setdefault(prompts[i].get("category", "other"), [0, 0, 0, 0])
+            cat[0] += len(toks)
+            cat[1] += dt
+            cat[2] += info.get("verify_steps", 0)
+            cat[3] += round(info.get("mean_accepted_length", 0) * info.get("verify_steps", 0))
     return summarize(rows, cost, target, prompts, max_tokens)
 
 
@@ -158,6 +170,18 @@ def summarize(rows: dict[str, Row], cost, target, prompts, max_tokens) -> dict:
         if cands:
             best = max(cands, key=lambda o: o["tokens_per_s"])
             out.append({**best, "name": label, "config": best["name"]})
+    categories = {}
+    for cat in base.by_category:
+        plain = rows["ours_none"].by_category[cat]
+        categories[cat] = {
+            r.name: {
+                "tokens_per_s": round(c[0] / c[1], 3),
+                "ratio_vs_ours_none": round((c[0] / c[1]) / (plain[0] / plain[1]), 3),
+                "mean_accepted_length": round(c[3] / c[2], 3) if c[2] else None,
+            }
+            for r in rows.values()
+            if r.name.startswith("ours_") and (c := r.by_category[cat])
+        }
     return {
         "model": target.name,
         "weight_format": target.weight_format,
@@ -167,6 +191,7 @@ def summarize(rows: dict[str, Row], cost, target, prompts, max_tokens) -> dict:
         "max_tokens": max_tokens,
         "verify_cost_ms": dict(zip(cost.widths, [round(m, 3) for m in cost.ms], strict=True)),
         "rows": out,
+        "by_category": categories,
     }
 
 
@@ -187,4 +212,20 @@ def format_table(result: dict) -> str:
             f"{name:<28}{r['tokens_per_s']:>9.2f}{r['ratio_vs_mlx_lm']:>10.2f}x{mal:>14}{ar:>13}"
             f"{'yes' if r['identical_to_mlx_lm'] else 'NO':>11}"
         )
+    cats = result.get("by_category", {})
+    if cats:
+        names = [n for n in next(iter(cats.values())) if n != "ours_none"]
+        lines.append("")
+        lines.append("by category: speedup vs ours_none / mean accepted length")
+        widths = [max(18, len(n) - 2) for n in names]
+        lines.append(
+            f"{'category':<14}"
+            + "".join(f"{n[5:]:>{w}}" for n, w in zip(names, widths, strict=True))
+        )
+        for cat, per in cats.items():
+            cells = "".join(
+                f"{per[n]['ratio_vs_ours_none']:>{w - 9}.2f}x / {per[n]['mean_accepted_length'] or 0:>4.2f}"
+                for n, w in zip(names, widths, strict=True)
+            )
+            lines.append(f"{cat:<14}{cells}")
     return "\n".join(lines)

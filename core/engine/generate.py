@@ -66,6 +66,9 @@ class Engine:
         cost: the verify-cost curve; measured on first use if omitted.
         profile: evaluate at phase boundaries so draft/verify/accept/cache times are exact
             (a few extra host syncs per step); off, those phases are reported as null.
+        double_buffer: for `none`, queue the next step before reading the current token
+            (mlx-lm's loop); False runs plain decoding through the speculative loop instead,
+            which is how the bench measures what double-buffering buys.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Engine:
         draft_model: LoadedModel | None = None,
         cost: CostCurve | None = None,
         profile: bool = True,
+        double_buffer: bool = True,
     ):
         self.kind, self.arg = parse_draft_spec(draft)
         if k is not None and k < 1:
@@ -95,6 +99,7 @@ class Engine:
         self.draft_model = draft_model
         self._cost = cost
         self.profile = profile
+        self.double_buffer = double_buffer
 
     @classmethod
     def load(
@@ -142,6 +147,8 @@ class Engine:
             if (md := self._model_drafter(cache)) is not None:
                 cands.append(md)
             return AutoDrafter(cands)
+        if self.kind == "none":
+            return AutoDrafter([])  # no candidates: every step is a plain step
         return self._model_drafter(cache)
 
     # -- generation -----------------------------------------------------------------------
@@ -164,14 +171,14 @@ class Engine:
             cache = make_cache(self.target.model)
             logits = self._prefill(prompt, cache)  # (1, V)
             first = self._sample(logits, params, keys)
-            if self.kind == "none":
+            if self.kind == "none" and self.double_buffer:
                 out, reason = self._plain(first, cache, params, keys, max_tokens, metrics)
             else:
                 out, reason = self._speculate(
                     prompt, first, cache, params, keys, max_tokens, metrics
                 )
         metrics.t_end = time.perf_counter()
-        if self.kind == "none":  # one fused step per token: all decode time is verification
+        if self.kind == "none" and self.double_buffer:  # all decode time is verification
             metrics.phases["verify_s"] = metrics.t_end - metrics.t_first
         return GenerationResult(
             tokens=out,

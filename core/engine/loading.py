@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .model import LoadedModel, ModelError
-from .registry import REGISTRY, install_hint, model_path
+from .registry import REGISTRY, install_hint, model_dir, model_path
 
 
 def load_model(spec: str) -> LoadedModel:
@@ -55,7 +55,9 @@ def load_gguf(path: Path, name: str | None = None, dequantize: bool | None = Non
     if dequantize is None:
         dequantize = not on_gpu()
     start = time.perf_counter()
-    g = read_gguf(path)
+    # Files in the model cache (pulled aliases) keep their dequantized tensors beside them.
+    cache = model_dir() / "dequantized" if path.resolve().parent == model_dir().resolve() else None
+    g = read_gguf(path, cache_dir=cache)
     model, weight_format = build_model(g, dequantize=dequantize)
     tokenizer = load_gguf_tokenizer(g.metadata)
     types = sorted(set(g.tensor_types.values())) if g.tensor_types else None
@@ -72,6 +74,7 @@ def load_gguf(path: Path, name: str | None = None, dequantize: bool | None = Non
             "reader": g.reader,
             "file_type": g.metadata.get("general.file_type"),
             "tensor_types": types,
+            "dequantized_cache": g.cached,
             "load_s": round(time.perf_counter() - start, 3),
         },
     )
@@ -106,10 +109,15 @@ def load_mlx_lm(spec: str) -> LoadedModel:
         model=model,
         tokenizer=tokenizer,
         context_length=int(config.get("max_position_embeddings") or 4096),
-        weight_format=f"q{qbits}" if qbits else str(config.get("torch_dtype", "float16")),
+        weight_format=f"q{qbits}" if qbits else _dtype_name(model),
         info={
             "source": "mlx-lm",
             "architecture": config.get("model_type"),
             "load_s": round(time.perf_counter() - start, 3),
         },
     )
+
+
+def _dtype_name(model) -> str:
+    # The embedding's dtype stands for the model's (mlx-lm keeps one float dtype).
+    return str(model.model.embed_tokens.weight.dtype).removeprefix("mlx.core.")
