@@ -7,6 +7,8 @@ import click
 from api.bench_cmd import bench
 from api.blas import reexec_with_openblas
 from api.models_cmds import models
+from api.run_cmd import run_cmd
+from api.service_cmds import SERVICE_COMMANDS
 
 
 @click.group()
@@ -15,13 +17,7 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
-cli.add_command(bench)
-cli.add_command(models)
-
-from api.run_cmd import run_cmd  # noqa: E402
-from api.service_cmds import SERVICE_COMMANDS  # noqa: E402
-
-for _command in (run_cmd, *SERVICE_COMMANDS):
+for _command in (run_cmd, bench, models, *SERVICE_COMMANDS):
     cli.add_command(_command)
 
 
