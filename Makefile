@@ -40,7 +40,8 @@ lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 farm: setup
-	$(BIN)/honcho start
+	@# `worker` runs the migrations itself; honcho would stop everything when `release` exits.
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start worker
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

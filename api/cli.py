@@ -7,6 +7,8 @@ import click
 from api.bench_cmd import bench
 from api.blas import reexec_with_openblas
 from api.models_cmds import models
+from api.run_cmd import run_cmd
+from api.service_cmds import SERVICE_COMMANDS
 
 
 @click.group()
@@ -15,8 +17,8 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
-cli.add_command(bench)
-cli.add_command(models)
+for _command in (run_cmd, bench, models, *SERVICE_COMMANDS):
+    cli.add_command(_command)
 
 
 def main() -> None:

@@ -1,0 +1,230 @@
+"""`applespec run`: a job file through the engine in this process (no Redis), into the store.
+
+The options and store helpers here are shared with the service commands (`submit`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from core.jobs import output_line, read_lines, validate_for
+from core.settings import Settings
+
+
+def model_option(f: Callable) -> Callable:
+    return click.option(
+        "--model",
+        envvar="APPLESPEC_MODEL",
+        default="smollm2-135m",
+        show_default=True,
+        help="Model spec: alias, .gguf path, mlx-lm directory or hub id.",
+    )(f)
+
+
+def _check_draft(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    from core.engine import parse_draft_spec
+
+    try:
+        parse_draft_spec(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+    return value
+
+
+def generation_options(f: Callable) -> Callable:
+    """--draft, --k, --max-tokens, --temperature, --top-p, --seed; they override job lines."""
+    options = [
+        click.option(
+            "--draft",
+            default="auto",
+            show_default=True,
+            callback=_check_draft,
+            help="Drafter: none, ngram, early-exit:L, draft-model:NAME or auto.",
+        ),
+        click.option("--k", type=click.IntRange(min=1), help="Draft length (default: adaptive)."),
+        click.option("--max-tokens", type=click.IntRange(min=1), help="Override max_tokens."),
+        click.option("--temperature", type=click.FloatRange(min=0), help="Override temperature."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Override top_p."),
+        click.option("--seed", type=int, help="Override seed."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def overrides(**params: Any) -> dict[str, Any]:
+    """The generation parameters given on the command line (None = not given)."""
+    keys = ("max_tokens", "temperature", "top_p", "seed")
+    return {k: params[k] for k in keys if params.get(k) is not None}
+
+
+def open_store(settings: Settings, readonly: bool = False):
+    """A sessionmaker for the configured database, migrated to the latest revision."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from api.client import open_sessions
+
+    try:
+        return open_sessions(settings.database_url, readonly=readonly)
+    except SQLAlchemyError as e:
+        raise click.ClickException(f"cannot open the database: {e.__class__.__name__}: {e}") from e
+
+
+def load_engine(model: str, draft: str, k: int | None):
+    """Engine.load with a model the user got wrong as a one-line error."""
+    from core.engine import Engine, ModelError
+
+    try:
+        return Engine.load(model, draft=draft, k=k)
+    except (ModelError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+def read_job_file(path: str) -> list[str]:
+    try:
+        lines = read_lines(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.ClickException(f"cannot read {path}: {e}") from e
+    if not any(line.strip() for line in lines):
+        raise click.ClickException(f"{path} has no requests")
+    return lines
+
+
+def open_output(path: str):
+    """Open an output file for writing; a path that cannot be written is a one-line error."""
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as e:
+        raise click.ClickException(f"cannot write {path}: {e.strerror}") from e
+
+
+def _write(f, line: dict[str, Any]) -> None:
+    f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    f.flush()
+
+
+@click.command("run")
+@click.argument("input_file", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output JSONL."
+)
+@model_option
+@generation_options
+@click.option("--errors", type=click.Path(dir_okay=False), help="Write bad lines here, not to -o.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Print each answer on stderr.")
+def run_cmd(
+    input_file: str,
+    output: str,
+    model: str,
+    draft: str,
+    k: int | None,
+    errors: str | None,
+    as_json: bool,
+    verbose: bool,
+    **params: Any,
+) -> None:
+    """Run a job file (OpenAI Batch JSONL) on one model in this process, no Redis needed.
+
+    Each output line is written as soon as its request is done. Bad lines get an error line
+    (in --errors when given) and never stop the valid ones. Exit code 1 if any line failed.
+
+    \b
+    Example:
+        applespec run job.jsonl -o results.jsonl --errors errors.jsonl --max-tokens 64
+    """
+    from core.store import repo
+    from worker.process import process_item
+
+    settings = Settings.from_env()
+    lines = read_job_file(input_file)
+    engine = load_engine(model, draft, k)
+    params = overrides(**params)
+    requests, bad = validate_for(lines, model, engine.target, params)
+    with contextlib.ExitStack() as stack:
+        # Open the outputs before the job exists: a bad path is a one-line error, not a
+        # job left in progress.
+        out = stack.enter_context(open_output(output))
+        err_out = stack.enter_context(open_output(errors)) if errors else out
+        sessions = open_store(settings)
+        with sessions() as s:
+            job = repo.create_job(
+                s,
+                model=model,
+                drafter=draft,
+                k=k,
+                params=params,
+                mode="embedded",
+                input_file=input_file,
+                requests=requests,
+                errors=bad,
+            )
+            repo.mark_in_progress(s, job.id)
+            s.commit()
+            job_id = job.id
+            item_ids = repo.open_item_ids(s, job_id)
+
+        failed = len(bad)
+        tokens = steps = 0
+        start = time.perf_counter()
+        pending_errors = sorted(bad, key=lambda e: e.line)
+        if errors:
+            for e in pending_errors:
+                _write(err_out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
+            pending_errors = []
+        bar = stack.enter_context(
+            click.progressbar(length=len(item_ids), label="requests", file=sys.stderr)
+        )
+        for item_id in item_ids:
+            with sessions() as s:
+                done = process_item(
+                    s, item_id, engine_for=lambda _job: engine, max_attempts=1, worker_host="local"
+                )
+            if done is None:
+                continue
+            # Bad lines go into the output in input order when there is no --errors file.
+            while pending_errors and pending_errors[0].line < done.line:
+                e = pending_errors.pop(0)
+                _write(out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
+            if done.error is not None:
+                failed += 1
+                _write(err_out, output_line(job_id, done.line, done.custom_id, error=done.error))
+            else:
+                _write(out, output_line(job_id, done.line, done.custom_id, body=done.body))
+                tokens += len(done.result.tokens)
+                steps += int(done.result.speculative.get("verify_steps") or 0)
+            if verbose:
+                text = done.body["choices"][0]["message"]["content"] if done.body else done.error
+                click.echo(f"\n[{done.custom_id}] {text}", err=True)
+            bar.update(1)
+        for e in pending_errors:
+            _write(out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
+    wall = time.perf_counter() - start
+    with sessions() as s:
+        summary = repo.job_summary(s, job_id)
+    summary["output"] = output
+    summary["errors_file"] = errors
+    summary["run"] = {
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / wall if wall > 0 else None,
+        "mean_accepted_length": tokens / steps if steps else None,
+    }
+    counts = summary["request_counts"]
+    mal = summary["run"]["mean_accepted_length"]
+    line = f"{counts['total']} requests: {counts['completed']} ok, {counts['failed']} failed; "
+    line += f"{tokens} tokens in {wall:.2f} s"
+    line += f" ({tokens / wall:.1f} tok/s)" if wall > 0 else ""
+    line += f"; mean accepted length {mal:.2f}" if mal else ""
+    click.echo(f"{line}; job {job_id}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    if failed or counts["failed"]:
+        sys.exit(1)

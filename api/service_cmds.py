@@ -1,0 +1,348 @@
+"""The batch service commands: submit, status, wait, results, jobs, cancel, retry, worker, db."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from api.run_cmd import (
+    generation_options,
+    model_option,
+    open_output,
+    open_store,
+    overrides,
+    read_job_file,
+)
+from core.settings import Settings
+
+
+@contextmanager
+def _session(readonly: bool = False):
+    """A session on the configured store; an unknown job id is a one-line error."""
+    from core.store.repo import UnknownJob
+
+    sessions = open_store(Settings.from_env(), readonly=readonly)
+    with sessions() as session:
+        try:
+            yield session
+        except UnknownJob as e:
+            raise click.ClickException(str(e)) from e
+
+
+def _broker_error(settings: Settings, e: Exception) -> click.ClickException:
+    from api.client import broker_message
+
+    return click.ClickException(broker_message(settings, e))
+
+
+@click.command("submit")
+@click.argument("input_file", type=click.Path(exists=True, dir_okay=False))
+@model_option
+@generation_options
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    help="Items per worker task (default APPLESPEC_CHUNK_SIZE or 8).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as a JSON object.")
+def submit_cmd(
+    input_file: str,
+    model: str,
+    draft: str,
+    k: int | None,
+    chunk_size: int | None,
+    as_json: bool,
+    **params: Any,
+) -> None:
+    """Validate a job file, store it and queue it for the workers of its model.
+
+    Every line is checked with the same rules as `applespec run`; bad lines are stored as
+    failed items with their error. The job id is the last line printed.
+
+    \b
+    Example:
+        applespec submit job.jsonl --model tiny-random --max-tokens 32
+        applespec wait "$(applespec submit job.jsonl | tail -1)"
+    """
+    from api.client import BrokerUnavailable, submit_lines
+    from core.engine import ModelError
+
+    settings = Settings.from_env()
+    lines = read_job_file(input_file)
+    try:
+        summary, bad = submit_lines(
+            settings,
+            lines,
+            model=model,
+            draft=draft,
+            k=k,
+            overrides=overrides(**params),
+            chunk_size=chunk_size,
+            input_file=input_file,
+            sessions=open_store(settings),
+        )
+    except (ModelError, BrokerUnavailable) as e:
+        raise click.ClickException(str(e)) from e
+    counts = summary["request_counts"]
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(
+        f"{counts['total']} lines: {summary['queued']} queued on {summary['queue']} "
+        f"in {summary['chunks']} chunks, {len(bad)} invalid",
+        err=True,
+    )
+    for e in bad:
+        click.echo(f"  {e.message}", err=True)
+    click.echo(summary["id"])
+
+
+def _status_line(summary: dict[str, Any]) -> str:
+    c, m = summary["request_counts"], summary["metrics"]
+    line = f"{summary['id']}: {summary['status']}, {c['completed']}/{c['total']} completed"
+    line += f", {c['failed']} failed"
+    if m["tokens_per_s"]:
+        line += f"; {m['completion_tokens']} tokens, {m['tokens_per_s']:.1f} tok/s"
+    if m["acceptance_rate"] is not None:
+        line += f"; acceptance {m['acceptance_rate']:.2f}"
+    if m["mean_accepted_length"]:
+        line += f", mean accepted length {m['mean_accepted_length']:.2f}"
+    return line
+
+
+@click.command("status")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+def status_cmd(job_id: str, as_json: bool) -> None:
+    """Show a job's status, request counts, acceptance and throughput so far."""
+    from core.store import repo
+
+    with _session(readonly=True) as s:
+        summary = repo.job_summary(s, job_id)
+    click.echo(json.dumps(summary, indent=2) if as_json else _status_line(summary))
+
+
+@click.command("wait")
+@click.argument("job_id")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Give up after S seconds (exit 2).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True)
+def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
+    """Wait for a job to finish, with a progress bar.
+
+    Exit code 0 when every request completed, 1 when the job failed, was cancelled or has
+    failed requests, 2 on timeout.
+    """
+    from core.store import repo
+    from core.store.models import JOB_DONE
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _session(readonly=True) as s:
+        summary = repo.job_summary(s, job_id)
+        s.rollback()
+        total = summary["request_counts"]["total"]
+        with click.progressbar(length=total, label=job_id, file=sys.stderr) as bar:
+            seen = 0
+            while True:
+                c = summary["request_counts"]
+                bar.update(max(0, c["completed"] + c["failed"] - seen))
+                seen = c["completed"] + c["failed"]
+                if summary["status"] in JOB_DONE:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    click.echo(f"\ntimed out: {_status_line(summary)}", err=True)
+                    sys.exit(2)
+                time.sleep(interval)
+                summary = repo.job_summary(s, job_id)
+                s.rollback()  # end the read transaction: never hold the store between polls
+    click.echo(_status_line(summary), err=True)
+    if summary["status"] != "completed" or summary["request_counts"]["failed"]:
+        sys.exit(1)
+
+
+@click.command("results")
+@click.argument("job_id")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+@click.option("--errors", type=click.Path(dir_okay=False), help="Write error lines here.")
+def results_cmd(job_id: str, output: str, errors: str | None) -> None:
+    """Write a job's results (OpenAI Batch output format), in input order.
+
+    Requests still queued or running are left out (a note says how many).
+    """
+    from core.store import repo
+
+    written = {True: 0, False: 0}
+    with _session(readonly=True) as s:
+        summary = repo.job_summary(s, job_id)  # an unknown job fails before any file opens
+    with _session(readonly=True) as s, open_output(output) as out:
+        err = open_output(errors) if errors else out
+        try:
+            for ok, line in repo.output_lines(s, job_id):
+                (out if ok else err).write(json.dumps(line, ensure_ascii=False) + "\n")
+                written[ok] += 1
+        finally:
+            if errors:
+                err.close()
+    left = summary["request_counts"]["total"] - written[True] - written[False]
+    note = f"{written[True]} results, {written[False]} errors written"
+    click.echo(
+        note + (f"; {left} not finished yet ({summary['status']})" if left else ""), err=True
+    )
+
+
+@click.command("jobs")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+def jobs_cmd(limit: int, as_json: bool) -> None:
+    """List the most recent jobs."""
+    from core.store import repo
+
+    with _session(readonly=True) as s:
+        rows = [
+            {
+                "id": j.id,
+                "status": j.status,
+                "mode": j.mode,
+                "model": j.model,
+                "created_at": repo.aware(j.created_at).isoformat(),
+                "request_counts": {"total": j.total, "completed": j.completed, "failed": j.failed},
+                "input_file": j.input_file,
+            }
+            for j in repo.list_jobs(s, limit)
+        ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        c = r["request_counts"]
+        click.echo(
+            f"{r['id']}  {r['status']:<11} {r['mode']:<8} {c['completed']}/{c['total']} "
+            f"({c['failed']} failed)  {r['model']}  {r['created_at'][:19]}  {r['input_file']}"
+        )
+
+
+@click.command("cancel")
+@click.argument("job_id")
+def cancel_cmd(job_id: str) -> None:
+    """Cancel a job: queued requests are dropped, running ones finish."""
+    from core.store import repo
+
+    with _session() as s:
+        job = repo.cancel_job(s, job_id)
+        click.echo(f"{job.id}: {job.status}")
+
+
+@click.command("retry")
+@click.argument("job_id")
+@click.option("--chunk-size", type=click.IntRange(min=1))
+def retry_cmd(job_id: str, chunk_size: int | None) -> None:
+    """Queue a job's failed requests again (bad input lines stay failed)."""
+    from core.store import repo
+    from worker.app import create_app
+    from worker.enqueue import broker_epoch, enqueue
+
+    settings = Settings.from_env()
+    with _session() as s:
+        job = repo.get_job(s, job_id)
+        if job.mode != "service":
+            raise click.ClickException(f"{job_id} was run with `applespec run`; run it again")
+        try:
+            epoch = broker_epoch(settings.broker_url)
+        except Exception as e:
+            raise _broker_error(settings, e) from e
+        ids = repo.retry_job(s, job_id)
+        job.broker_epoch = epoch
+        s.commit()
+        enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
+    click.echo(f"{job_id}: {len(ids)} requests queued again")
+
+
+@click.command("worker", context_settings={"ignore_unknown_options": True})
+@model_option
+@click.option("--queues", "-Q", help="Comma-separated queues (default: the model's queue).")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--hostname", "-n", help="Node name (default: applespec-PID@HOST).")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker_cmd(
+    model: str,
+    queues: str | None,
+    concurrency: int,
+    loglevel: str,
+    hostname: str | None,
+    celery_args: tuple[str, ...],
+) -> None:
+    """Start a Celery worker for a model's queue; each pool process loads the model once.
+
+    Extra arguments go to `celery worker` unchanged.
+
+    \b
+    Example:
+        applespec worker --model smollm2-135m --concurrency 2
+    """
+    import dataclasses
+    import os
+
+    from worker.app import create_app, queue_name
+
+    settings = dataclasses.replace(Settings.from_env(), model=model)
+    app = create_app(settings)
+    argv = [
+        "worker",
+        f"--queues={queues or queue_name(model)}",
+        f"--concurrency={concurrency}",
+        f"--loglevel={loglevel}",
+        f"--hostname={hostname or f'applespec-{os.getpid()}@%h'}",
+        "--pool=prefork",
+        *celery_args,
+    ]
+    app.worker_main(argv)
+
+
+@click.group("db")
+def db_group() -> None:
+    """Database schema commands."""
+
+
+@db_group.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade_cmd(revision: str) -> None:
+    """Migrate the database to the latest schema (idempotent).
+
+    The database is APPLESPEC_DATABASE_URL: SQLite at
+    $XDG_DATA_HOME/applespec/applespec.db (~/.local/share/applespec/applespec.db) by default,
+    or PostgreSQL with postgresql+psycopg://USER@HOST:PORT/DB.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from migrations import upgrade
+
+    settings = Settings.from_env()
+    try:
+        upgrade(settings.database_url, revision)
+    except SQLAlchemyError as e:
+        raise click.ClickException(f"cannot migrate the database: {e}") from e
+    click.echo(f"database at {revision}: {_safe_url(settings.database_url)}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+SERVICE_COMMANDS = (
+    submit_cmd,
+    status_cmd,
+    wait_cmd,
+    results_cmd,
+    jobs_cmd,
+    cancel_cmd,
+    retry_cmd,
+    worker_cmd,
+    db_group,
+)

@@ -1,0 +1,306 @@
+"""The batch service end to end: real Redis, real `applespec worker` processes, SQLite store.
+
+Each test gets a random `tiny-random:SEED` model, so its queue is its own on the shared Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from api.cli import cli
+from migrations import upgrade
+from tests.api.jobfiles import GOOD, mixed_lines, read_jsonl, write_job
+
+from .service import (
+    RedisServer,
+    Store,
+    Worker,
+    cli_ok,
+    free_port,
+    service_env,
+    submit,
+    unique_model,
+    write_prompts,
+)
+
+pytestmark = pytest.mark.service
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory):
+    """One worker for the end-to-end, poison and cancel tests (max 2 attempts; a poison id)."""
+    tmp = tmp_path_factory.mktemp("farm")
+    db = f"sqlite:///{tmp / 'farm.db'}"
+    env = service_env(db, APPLESPEC_MAX_ATTEMPTS="2", APPLESPEC_TEST_CRASH_ON="poison")
+    upgrade(db)
+    model = unique_model()
+    worker = Worker(env, model, tmp / "worker.log")
+    store = Store(db)
+    try:
+        worker.wait_ready()
+        yield env, model, store, tmp
+    finally:
+        worker.stop()
+        store.dispose()
+
+
+def test_submit_wait_results(farm):
+    env, model, store, tmp = farm
+    lines, expected = mixed_lines()
+    path = write_job(tmp / "job.jsonl", [line.replace("tiny-random", model) for line in lines])
+    job_id = submit(env, path, model)
+    assert job_id.startswith("batch_")
+    waited = CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "120"])
+    # Bad lines make it a job with failed requests: exit 1, but the job itself completed.
+    assert waited.exit_code == 1, waited.output
+    status = json.loads(cli_ok(env, "status", job_id, "--json"))
+    assert status["status"] == "completed"
+    assert status["request_counts"] == {
+        "total": len(expected) + 3,
+        "completed": 3,
+        "failed": len(expected),
+    }
+    assert status["metrics"]["items_measured"] == 3
+    out, err = tmp / "out.jsonl", tmp / "err.jsonl"
+    cli_ok(env, "results", job_id, "-o", str(out), "--errors", str(err))
+    got = read_jsonl(out)
+    assert [line["custom_id"] for line in got] == ["g1", "g2", "g3"]
+    assert all(line["response"]["status_code"] == 200 for line in got)
+    assert all(line["response"]["body"]["model"] == model for line in got)
+    errors = read_jsonl(err)
+    assert [e["error"]["code"] for e in errors] == [expected[n] for n in sorted(expected)]
+    assert all(
+        e["error"]["message"].startswith(f"line {n}: ")
+        for e, n in zip(errors, sorted(expected), strict=True)
+    )
+    metrics = store.metrics(job_id)
+    assert len(metrics) == 3
+    for m in metrics.values():
+        assert m.attempt == 1 and m.queue_wait_s is not None and m.total_s > 0
+        assert ":" in m.worker_host and m.completion_tokens >= 1
+
+
+def test_submit_reports_bad_lines_like_run(farm):
+    env, model, store, tmp = farm
+    lines, expected = mixed_lines()
+    path = write_job(tmp / "bad.jsonl", [line.replace("tiny-random", model) for line in lines])
+    result = CliRunner(env=env).invoke(cli, ["submit", str(path), "--model", model, "--json"])
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.stdout)
+    items = {i.line: i for i in store.items(job["id"])}
+    for line_no, code in expected.items():
+        assert items[line_no].status == "invalid"
+        assert items[line_no].error_code == code
+        assert items[line_no].error_message.startswith(f"line {line_no}: ")
+    assert job["request_counts"]["failed"] == len(expected)
+    CliRunner(env=env).invoke(cli, ["wait", job["id"], "--timeout", "120"])
+
+
+def test_poison_item_is_capped_and_fails_alone(farm):
+    env, model, store, tmp = farm
+    path = write_prompts(tmp / "poison.jsonl", ["a", "poison", "b", "c"], max_tokens=4)
+    job_id = submit(env, path, model, "--chunk-size", "1")
+    result = CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "150"])
+    assert result.exit_code == 1, result.output  # one request failed
+    items = {i.custom_id: i for i in store.items(job_id)}
+    poison = items.pop("poison")
+    assert poison.status == "failed"
+    assert poison.error_code == "max_attempts_exceeded"
+    assert poison.attempts == 2
+    assert all(i.status == "completed" and i.attempts == 1 for i in items.values())
+    assert store.job(job_id).status == "completed"
+    out = tmp / "poison-out.jsonl"
+    cli_ok(env, "results", job_id, "-o", str(out))
+    by_id = {line["custom_id"]: line for line in read_jsonl(out)}
+    assert by_id["poison"]["error"]["code"] == "max_attempts_exceeded"
+    assert by_id["a"]["error"] is None
+    # retry queues the failed item again with fresh attempts; it still kills its worker.
+    assert "1 requests queued again" in cli_ok(env, "retry", job_id)
+    assert store.job(job_id).status in ("in_progress", "completed")
+    CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "150"])
+    items = {i.custom_id: i for i in store.items(job_id)}
+    assert items["poison"].status == "failed" and items["poison"].attempts == 2
+    assert [i.attempts for k, i in sorted(items.items()) if k != "poison"] == [1, 1, 1]
+    assert store.job(job_id).status == "completed"
+
+
+def test_cancel_stops_the_remaining_items(farm):
+    env, model, store, tmp = farm
+    ids = [f"x{i}" for i in range(40)]
+    path = write_prompts(tmp / "cancel.jsonl", ids, max_tokens=24)
+    job_id = submit(env, path, model)
+    store.wait_for(lambda: store.job(job_id).completed >= 2, 90, "two completed items")
+    assert "cancelling" in cli_ok(env, "cancel", job_id) or store.job(job_id).status == "cancelled"
+    store.wait_for(lambda: store.job(job_id).status == "cancelled", 60, "cancelled")
+    items = store.items(job_id)
+    done = [i for i in items if i.status == "completed"]
+    cancelled = [i for i in items if i.status == "cancelled"]
+    assert 2 <= len(done) < 40
+    assert len(done) + len(cancelled) == 40
+    results = store.results_per_item(job_id)
+    assert set(results) == {i.id for i in done}
+    time.sleep(1.5)  # nothing runs after the cancel settled
+    assert store.results_per_item(job_id) == results
+    waited = CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "5"])
+    assert waited.exit_code == 1
+
+
+def test_sigkilled_worker_loses_no_item(tmp_path):
+    """Two workers, 24 items; SIGKILL the one running an item; every item gets one result."""
+    db = f"sqlite:///{tmp_path / 'crash.db'}"
+    # A short visibility timeout so the dead worker's chunk comes back within the test.
+    env = service_env(db, APPLESPEC_VISIBILITY_TIMEOUT="12", APPLESPEC_MAX_ATTEMPTS="3")
+    upgrade(db)
+    model = unique_model()
+    store = Store(db)
+    a = Worker(env, model, tmp_path / "a.log")
+    b = Worker(env, model, tmp_path / "b.log")
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        path = write_prompts(tmp_path / "job.jsonl", [f"r{i:02d}" for i in range(24)], 16)
+        job_id = submit(env, path, model)
+
+        def running_on_a():
+            return [
+                i
+                for i in store.items(job_id)
+                if i.status == "running" and a.owns(int(i.worker.rsplit(":", 1)[1]))
+            ]
+
+        victim = store.wait_for(running_on_a, 90, "an item running on worker A")[0]
+        a.kill()
+        store.wait_for(lambda: store.job(job_id).status == "completed", 120, "the job to complete")
+        items = store.items(job_id)
+        assert all(i.status == "completed" for i in items)
+        per_item = store.results_per_item(job_id)
+        assert sorted(per_item) == sorted(i.id for i in items)
+        assert set(per_item.values()) == {1}
+        metrics = store.metrics(job_id)
+        assert all(metrics[i.id].attempt == i.attempts >= 1 for i in items)
+        victim_now = next(i for i in items if i.id == victim.id)
+        assert victim_now.attempts >= 2  # started on A, finished elsewhere
+        assert not a.owns(int(victim_now.worker.rsplit(":", 1)[1]))
+    finally:
+        a.stop()
+        b.stop()
+        store.dispose()
+
+
+def test_redis_restart_mid_job_still_completes(tmp_path):
+    """Our own Redis without persistence, killed and restarted: queued chunks are lost and
+    the workers' sweep re-enqueues them (new broker epoch)."""
+    redis_server = RedisServer(free_port(), tmp_path)
+    redis_server.start()
+    db = f"sqlite:///{tmp_path / 'restart.db'}"
+    env = service_env(db, broker_url=redis_server.url)
+    upgrade(db)
+    model = unique_model()
+    store = Store(db)
+    worker = Worker(env, model, tmp_path / "w.log")
+    try:
+        worker.wait_ready()
+        path = write_prompts(tmp_path / "job.jsonl", [f"r{i:02d}" for i in range(16)], 16)
+        job_id = submit(env, path, model)
+        store.wait_for(lambda: store.job(job_id).completed >= 3, 90, "three completed items")
+        redis_server.kill()
+        assert store.job(job_id).status == "in_progress"
+        time.sleep(1)
+        redis_server.start()
+        store.wait_for(lambda: store.job(job_id).status == "completed", 120, "the job to complete")
+        per_item = store.results_per_item(job_id)
+        assert len(per_item) == 16 and set(per_item.values()) == {1}
+        assert "re-enqueued" in (tmp_path / "w.log").read_text()
+    finally:
+        worker.stop()
+        redis_server.kill()
+        store.dispose()
+
+
+def test_submit_without_broker_is_a_one_line_error(tmp_path):
+    db = f"sqlite:///{tmp_path / 'nobroker.db'}"
+    env = service_env(db, broker_url=f"redis://127.0.0.1:{free_port()}/0")
+    path = write_job(tmp_path / "job.jsonl", GOOD)
+    result = CliRunner(env=env).invoke(cli, ["submit", str(path), "--model", "tiny-random"])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: cannot reach the broker")
+    assert "Traceback" not in result.output
+
+
+def test_python_client_submit_wait_iterate(farm, monkeypatch):
+    from api.client import Client
+    from core.settings import Settings
+
+    env, model, store, tmp = farm
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    client = Client(Settings.from_env())
+    requests = [{"custom_id": f"l{i}", "prompt": f"label {i}:"} for i in range(3)]
+    requests.append({"custom_id": "l0", "prompt": "duplicate"})
+    job = client.submit(requests, model=model, max_tokens=3)
+    assert job["invalid"] == [
+        {
+            "line": 4,
+            "code": "duplicate_custom_id",
+            "message": "line 4: duplicate custom_id 'l0' (first used on line 1)",
+        }
+    ]
+    final = client.wait(job["id"], timeout=120)
+    assert final["status"] == "completed"
+    lines = list(client.results(job["id"]))
+    assert [line["custom_id"] for line in lines] == ["l0", "l1", "l2", "l0"]
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] <= 3 for line in lines[:3])
+    assert lines[3]["error"]["code"] == "duplicate_custom_id"
+
+
+def test_client_wait_times_out_when_no_worker_serves_the_model(tmp_path, monkeypatch):
+    import redis
+
+    from api.client import Client, JobTimeout
+    from core.settings import Settings
+    from worker.app import queue_name
+
+    db = f"sqlite:///{tmp_path / 'idle.db'}"
+    env = service_env(db)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    model = unique_model()  # nobody consumes its queue
+    client = Client(Settings.from_env())
+    job = client.submit([{"custom_id": "a", "prompt": "x"}], model=model)
+    try:
+        with pytest.raises(JobTimeout, match="still in_progress"):
+            client.wait(job["id"], timeout=0.3, interval=0.1)
+        assert client.cancel(job["id"]) == "cancelled"
+    finally:
+        redis.Redis.from_url(env["APPLESPEC_BROKER_URL"]).delete(queue_name(model))
+
+
+def test_two_workers_on_postgresql(postgres_url, tmp_path):
+    """The farm setup: PostgreSQL store, two workers sharing one job's queue."""
+    env = service_env(postgres_url)
+    upgrade(postgres_url)
+    model = unique_model()
+    store = Store(postgres_url)
+    workers = [Worker(env, model, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        for w in workers:
+            w.wait_ready()
+        path = write_prompts(tmp_path / "job.jsonl", [f"p{i:02d}" for i in range(12)], 8)
+        job_id = submit(env, path, model, "--chunk-size", "1")
+        waited = CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "120"])
+        assert waited.exit_code == 0, waited.output
+        per_item = store.results_per_item(job_id)
+        assert len(per_item) == 12 and set(per_item.values()) == {1}
+        hosts = {m.worker_host for m in store.metrics(job_id).values()}
+        assert len(hosts) == 2  # both workers took chunks
+        out = tmp_path / "out.jsonl"
+        cli_ok(env, "results", job_id, "-o", str(out))
+        assert [line["custom_id"] for line in read_jsonl(out)] == [f"p{i:02d}" for i in range(12)]
+    finally:
+        for w in workers:
+            w.stop()
+        store.dispose()

@@ -1,0 +1,83 @@
+"""Run one stored item through an engine and store its result: the step `run` and workers share."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.engine.model import ModelError
+from core.jobs import JobRequest, completion_body, run_request
+from core.store import repo
+from core.store.models import Job
+
+# Test-only: a comma-separated list of custom_ids that make the worker process die
+# (os._exit) when it starts them, to exercise the poison-item cap. Unset in production.
+CRASH_ENV = "APPLESPEC_TEST_CRASH_ON"
+
+
+def worker_name() -> str:
+    """`host:pid` of this process, recorded on the items it starts and in their metrics."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class Outcome:
+    """What happened to an item that ran: its chat.completion body, or its error."""
+
+    line: int
+    custom_id: str | None
+    body: dict[str, Any] | None = None
+    error: dict[str, str] | None = None
+    result: Any = None  # the engine's GenerationResult when it succeeded
+
+
+def process_item(
+    session: Session,
+    item_id: int,
+    *,
+    engine_for: Callable[[Job], Any],
+    max_attempts: int,
+    worker_host: str | None = None,
+) -> Outcome | None:
+    """Claim, run and store one item; None when it was already done, cancelled or capped.
+
+    A failure of this one request (bad model, engine error) marks the item failed and
+    returns its error; database errors propagate so the caller can retry the chunk.
+    """
+    worker_host = worker_host or worker_name()
+    item = repo.start_item(session, item_id, max_attempts, worker_host)
+    if item is None:
+        return None
+    job = item.job
+    request = JobRequest.from_dict(item.request)
+    started = repo.aware(item.started_at)
+    queued = repo.aware(item.queued_at)
+    _maybe_crash(request.custom_id)
+    try:
+        engine = engine_for(job)
+        result = run_request(engine, request)
+    except Exception as e:  # a bad item fails alone; the chunk goes on
+        code = "model_error" if isinstance(e, ModelError) else "engine_error"
+        error = {"code": code, "message": f"line {item.line}: {type(e).__name__}: {e}"}
+        repo.fail_item(session, item.id, **error)
+        return Outcome(item.line, item.custom_id, error=error)
+    body = completion_body(job.model, result)
+    metric = repo.metric_row(
+        result,
+        attempt=item.attempts,
+        worker_host=worker_host,
+        queue_wait_s=(started - queued).total_seconds() if queued and started else None,
+    )
+    repo.finish_item(session, item, body, metric)
+    return Outcome(item.line, item.custom_id, body=body, result=result)
+
+
+def _maybe_crash(custom_id: str) -> None:
+    targets = os.environ.get(CRASH_ENV)
+    if targets and custom_id in targets.split(","):
+        os._exit(70)
