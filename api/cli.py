@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from api.blas import reexec_with_openblas
@@ -19,6 +21,8 @@ cli.add_command(models)
 
 def main() -> None:
     reexec_with_openblas()  # Linux CPU: swap MLX's reference BLAS for OpenBLAS (~10x matmuls)
+    # mlx-lm imports transformers for its tokenizers; its "PyTorch was not found" notice is noise.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     cli()
 
 
