@@ -139,6 +139,9 @@ def _read_with_gguf_package(
         tmp = cached.with_name(f".{cached.stem}.{os.getpid()}.safetensors")
         mx.save_safetensors(str(tmp), tensors, metadata={"tensor_types": json.dumps(types)})
         os.replace(tmp, cached)
+        for stale in cached.parent.glob(f"{path.stem}-*.safetensors"):
+            if stale != cached:  # an older copy of a file since re-pulled or edited
+                stale.unlink(missing_ok=True)
     return GGUFFile(tensors, metadata, reader="gguf", tensor_types=types)
 
 

@@ -165,6 +165,10 @@ def test_dequantized_cache_for_the_model_cache(tmp_path, monkeypatch):
     assert second.info["tensor_types"] == first.info["tensor_types"]
     ref = reference_model("qwen2", expected, tied=True)
     np.testing.assert_array_equal(np.asarray(second.model(PROMPT)), np.asarray(ref(PROMPT)))
+    # Rewriting the file replaces its cached copy instead of adding one.
+    write_tiny_gguf(path, "qwen2", {"attn_q": T.Q4_K, "ffn_down": T.Q5_0}, seed=5)
+    assert load_gguf(path).info["dequantized_cache"] is False
+    assert len(list((tmp_path / "dequantized").glob("kq-*.safetensors"))) == 1
     # A file outside the model cache is never cached.
     other = tmp_path / "elsewhere"
     other.mkdir()
