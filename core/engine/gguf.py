@@ -111,7 +111,11 @@ def read_gguf(path: str | Path, cache_dir: Path | None = None) -> GGUFFile:
     except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise ModelError(f"cannot read GGUF file {path}: {e}") from e
     if all(type_id in MLX_NATIVE for _, _, type_id, _ in infos):
-        return GGUFFile(tensors=mx.load(str(path)), metadata=metadata, reader="mlx")
+        try:
+            tensors = mx.load(str(path))
+        except (RuntimeError, ValueError) as e:  # e.g. a truncated file
+            raise ModelError(f"cannot read GGUF file {path}: {e}") from e
+        return GGUFFile(tensors=tensors, metadata=metadata, reader="mlx")
     return _read_with_gguf_package(path, metadata, infos, data_start, cache_dir)
 
 
@@ -305,18 +309,26 @@ def model_args(g: GGUFFile) -> tuple[Any, Any]:
         )
     if g.arch_key("rope.scaling.type") not in (None, "none"):
         raise ModelError(f"GGUF RoPE scaling {g.arch_key('rope.scaling.type')!r} is not supported")
-    emb = g.tensors["token_embd.weight"]
-    vocab = emb.shape[0]
-    hidden = int(g.arch_key("embedding_length"))
-    n_heads = int(g.arch_key("attention.head_count"))
+    if "token_embd.weight" not in g.tensors:
+        raise ModelError("GGUF file has no token_embd.weight tensor")
+    vocab = g.tensors["token_embd.weight"].shape[0]
+
+    def need(key: str) -> Any:
+        value = g.arch_key(key)
+        if value is None:
+            raise ModelError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden = int(need("embedding_length"))
+    n_heads = int(need("attention.head_count"))
     common = dict(
         model_type=arch,
         hidden_size=hidden,
-        num_hidden_layers=int(g.arch_key("block_count")),
-        intermediate_size=int(g.arch_key("feed_forward_length")),
+        num_hidden_layers=int(need("block_count")),
+        intermediate_size=int(need("feed_forward_length")),
         num_attention_heads=n_heads,
         num_key_value_heads=int(g.arch_key("attention.head_count_kv", n_heads)),
-        rms_norm_eps=float(g.arch_key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         vocab_size=int(vocab),
         max_position_embeddings=int(g.arch_key("context_length", 4096)),
         rope_theta=float(g.arch_key("rope.freq_base", 10000.0)),
