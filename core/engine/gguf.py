@@ -350,7 +350,8 @@ def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
     Args:
         g: the file's contents.
         dequantize: expand quantized triples to float32 (the CPU path); otherwise keep
-            them as mlx quantized layers (the GPU path).
+            them as mlx quantized layers (the GPU path): native for Q4_0/Q4_1/Q8_0 files,
+            re-quantized at the source bit width for the rest (see `_requantize`).
 
     Returns:
         `(model, weight_format)`; the format is "float32", "float16" or e.g. "q4/q8"
@@ -358,6 +359,8 @@ def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
     """
     module, args = model_args(g)
     weights = _mlx_weights(g, args)
+    if not dequantize and g.reader == "gguf":
+        weights = _requantize(weights, g.tensor_types)
     quantized = {k[: -len(".scales")] for k in weights if k.endswith(".scales")}
     model = module.Model(args)
     bits_of: dict[str, int] = {}
@@ -382,11 +385,11 @@ def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
     mx.eval(model.parameters())
     if bits_of:
         shares: dict[int, int] = {}
-        for path, b in bits_of.items():
-            shares[b] = shares.get(b, 0) + weights[f"{path}.weight"].size
+        for path, b in bits_of.items():  # elements per bit width
+            shares[b] = shares.get(b, 0) + weights[f"{path}.weight"].size * 32 // b
         fmt = "/".join(f"q{b}" for b in sorted(shares, key=shares.get, reverse=True))
     else:
-        fmt = "float16" if (g.reader == "gguf" and not dequantize) else "float32"
+        fmt = "float32" if dequantize else "float16"
     return model, fmt
 
 
@@ -404,6 +407,34 @@ def _mlx_weights(g: GGUFFile, args: Any) -> dict[str, mx.array]:
         if value.dtype not in (mx.uint32,) and not name.endswith((".scales", ".biases")):
             value = value.astype(mx.float32)
         out[target] = value
+    return out
+
+
+# ggml type -> mlx bit width for the GPU path of files the gguf package reads.
+REQUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}
+REQUANT_BITS |= {"Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8}
+
+
+def _requantize(weights: dict[str, mx.array], types: dict[str, str]) -> dict[str, mx.array]:
+    """Quantize each dequantized ggml-quantized matrix back to mlx's affine format.
+
+    Same bit width as the source, groups of 32: close, not exact (mlx picks its own scales
+    and keeps 0 exact, so a value can move by up to one step of its group), and 2-4x less
+    memory than float16.
+    """
+    out = dict(weights)
+    for name, qtype in types.items():
+        path = mlx_name(name)
+        bits = REQUANT_BITS.get(qtype)
+        if bits is None or path is None or not path.endswith(".weight"):
+            continue
+        w = out[path]
+        if w.ndim != 2 or w.shape[-1] % GROUP:
+            continue
+        stem = path[: -len(".weight")]
+        out[path], out[f"{stem}.scales"], out[f"{stem}.biases"] = mx.quantize(
+            w, group_size=GROUP, bits=bits
+        )
     return out
 
 
