@@ -410,15 +410,16 @@ def _mlx_weights(g: GGUFFile, args: Any) -> dict[str, mx.array]:
     return out
 
 
-# ggml type -> mlx bit width for the GPU path of files the gguf package reads.
-REQUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5}
-REQUANT_BITS |= {"Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8}
+# ggml type -> mlx bit width for the GPU path of files the gguf package reads. 5- and 6-bit
+# types go up to 8 bits: every mlx backend has fast 4- and 8-bit kernels.
+REQUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8}
+REQUANT_BITS |= {"Q6_K": 8, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8}
 
 
 def _requantize(weights: dict[str, mx.array], types: dict[str, str]) -> dict[str, mx.array]:
     """Quantize each dequantized ggml-quantized matrix back to mlx's affine format.
 
-    Same bit width as the source, groups of 32: close, not exact (mlx picks its own scales
+    4 bits for 4-bit types, else 8; groups of 32: close, not exact (mlx picks its own scales
     and keeps 0 exact, so a value can move by up to one step of its group), and 2-4x less
     memory than float16.
     """
