@@ -68,3 +68,40 @@ def blas_status() -> str:
     if openblas_path() is None:
         return "BLAS: reference (install libopenblas0-pthread for ~10x faster CPU matmuls)"
     return "BLAS: reference"
+
+
+_MATMUL = """
+import time, mlx.core as mx
+a = mx.random.normal((16, 576)); b = mx.random.normal((576, 49152)); mx.eval(a, b)
+for _ in range(3): mx.eval(a @ b)
+t = time.perf_counter()
+for _ in range(20): mx.eval(a @ b)
+print((time.perf_counter() - t) / 20)
+"""
+
+
+def measure() -> tuple[float, float]:
+    """Seconds per (16, 576) @ (576, 49152) float32 matmul: `(reference, openblas)`.
+
+    Each runs in a fresh interpreter, since the BLAS is picked at process start.
+    """
+    import subprocess
+
+    lib = openblas_path()
+    if lib is None:
+        raise RuntimeError("no OpenBLAS to measure (Linux with libopenblas0-pthread only)")
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", MARKER)}
+    times = []
+    for preload in (None, str(lib)):
+        env = dict(base, LD_PRELOAD=preload) if preload else base
+        out = subprocess.run(
+            [sys.executable, "-c", _MATMUL], env=env, capture_output=True, text=True, check=True
+        )
+        times.append(float(out.stdout.strip()))
+    return times[0], times[1]
+
+
+if __name__ == "__main__":
+    ref, fast = measure()
+    print(f"16x576 @ 576x49152 float32: reference BLAS {ref * 1e3:.1f} ms, ", end="")
+    print(f"OpenBLAS {fast * 1e3:.1f} ms, {ref / fast:.1f}x")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from api.bench_cmd import bench
@@ -23,6 +25,8 @@ for _command in (run_cmd, bench, models, *SERVICE_COMMANDS):
 
 def main() -> None:
     reexec_with_openblas()  # Linux CPU: swap MLX's reference BLAS for OpenBLAS (~10x matmuls)
+    # mlx-lm imports transformers for its tokenizers; its "PyTorch was not found" notice is noise.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     cli()
 
 

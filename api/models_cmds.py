@@ -43,6 +43,10 @@ def models(ctx: click.Context, as_json: bool, verbose: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     click.echo(f"model cache: {model_dir()}")
+    dequantized = sorted((model_dir() / "dequantized").glob("*.safetensors"))
+    if dequantized:
+        size = sum(p.stat().st_size for p in dequantized)
+        click.echo(f"dequantized float32 copies (fast CPU loads): {size / 1e9:.1f} GB")
     if verbose:
         click.echo(blas_status())
     for r in rows:

@@ -111,7 +111,11 @@ def read_gguf(path: str | Path, cache_dir: Path | None = None) -> GGUFFile:
     except (struct.error, UnicodeDecodeError, ValueError) as e:
         raise ModelError(f"cannot read GGUF file {path}: {e}") from e
     if all(type_id in MLX_NATIVE for _, _, type_id, _ in infos):
-        return GGUFFile(tensors=mx.load(str(path)), metadata=metadata, reader="mlx")
+        try:
+            tensors = mx.load(str(path))
+        except (RuntimeError, ValueError) as e:  # e.g. a truncated file
+            raise ModelError(f"cannot read GGUF file {path}: {e}") from e
+        return GGUFFile(tensors=tensors, metadata=metadata, reader="mlx")
     return _read_with_gguf_package(path, metadata, infos, data_start, cache_dir)
 
 
@@ -139,6 +143,9 @@ def _read_with_gguf_package(
         tmp = cached.with_name(f".{cached.stem}.{os.getpid()}.safetensors")
         mx.save_safetensors(str(tmp), tensors, metadata={"tensor_types": json.dumps(types)})
         os.replace(tmp, cached)
+        for stale in cached.parent.glob(f"{path.stem}-*.safetensors"):
+            if stale != cached:  # an older copy of a file since re-pulled or edited
+                stale.unlink(missing_ok=True)
     return GGUFFile(tensors, metadata, reader="gguf", tensor_types=types)
 
 
@@ -302,18 +309,26 @@ def model_args(g: GGUFFile) -> tuple[Any, Any]:
         )
     if g.arch_key("rope.scaling.type") not in (None, "none"):
         raise ModelError(f"GGUF RoPE scaling {g.arch_key('rope.scaling.type')!r} is not supported")
-    emb = g.tensors["token_embd.weight"]
-    vocab = emb.shape[0]
-    hidden = int(g.arch_key("embedding_length"))
-    n_heads = int(g.arch_key("attention.head_count"))
+    if "token_embd.weight" not in g.tensors:
+        raise ModelError("GGUF file has no token_embd.weight tensor")
+    vocab = g.tensors["token_embd.weight"].shape[0]
+
+    def need(key: str) -> Any:
+        value = g.arch_key(key)
+        if value is None:
+            raise ModelError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden = int(need("embedding_length"))
+    n_heads = int(need("attention.head_count"))
     common = dict(
         model_type=arch,
         hidden_size=hidden,
-        num_hidden_layers=int(g.arch_key("block_count")),
-        intermediate_size=int(g.arch_key("feed_forward_length")),
+        num_hidden_layers=int(need("block_count")),
+        intermediate_size=int(need("feed_forward_length")),
         num_attention_heads=n_heads,
         num_key_value_heads=int(g.arch_key("attention.head_count_kv", n_heads)),
-        rms_norm_eps=float(g.arch_key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         vocab_size=int(vocab),
         max_position_embeddings=int(g.arch_key("context_length", 4096)),
         rope_theta=float(g.arch_key("rope.freq_base", 10000.0)),
@@ -335,7 +350,8 @@ def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
     Args:
         g: the file's contents.
         dequantize: expand quantized triples to float32 (the CPU path); otherwise keep
-            them as mlx quantized layers (the GPU path).
+            them as mlx quantized layers (the GPU path): native for Q4_0/Q4_1/Q8_0 files,
+            re-quantized at the source bit width for the rest (see `_requantize`).
 
     Returns:
         `(model, weight_format)`; the format is "float32", "float16" or e.g. "q4/q8"
@@ -343,6 +359,8 @@ def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
     """
     module, args = model_args(g)
     weights = _mlx_weights(g, args)
+    if not dequantize and g.reader == "gguf":
+        weights = _requantize(weights, g.tensor_types)
     quantized = {k[: -len(".scales")] for k in weights if k.endswith(".scales")}
     model = module.Model(args)
     bits_of: dict[str, int] = {}
@@ -367,11 +385,11 @@ def build_model(g: GGUFFile, dequantize: bool) -> tuple[nn.Module, str]:
     mx.eval(model.parameters())
     if bits_of:
         shares: dict[int, int] = {}
-        for path, b in bits_of.items():
-            shares[b] = shares.get(b, 0) + weights[f"{path}.weight"].size
+        for path, b in bits_of.items():  # elements per bit width
+            shares[b] = shares.get(b, 0) + weights[f"{path}.weight"].size * 32 // b
         fmt = "/".join(f"q{b}" for b in sorted(shares, key=shares.get, reverse=True))
     else:
-        fmt = "float16" if (g.reader == "gguf" and not dequantize) else "float32"
+        fmt = "float32" if dequantize else "float16"
     return model, fmt
 
 
@@ -389,6 +407,35 @@ def _mlx_weights(g: GGUFFile, args: Any) -> dict[str, mx.array]:
         if value.dtype not in (mx.uint32,) and not name.endswith((".scales", ".biases")):
             value = value.astype(mx.float32)
         out[target] = value
+    return out
+
+
+# ggml type -> mlx bit width for the GPU path of files the gguf package reads. 5- and 6-bit
+# types go up to 8 bits: every mlx backend has fast 4- and 8-bit kernels.
+REQUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 8, "Q5_1": 8, "Q5_K": 8}
+REQUANT_BITS |= {"Q6_K": 8, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8}
+
+
+def _requantize(weights: dict[str, mx.array], types: dict[str, str]) -> dict[str, mx.array]:
+    """Quantize each dequantized ggml-quantized matrix back to mlx's affine format.
+
+    4 bits for 4-bit types, else 8; groups of 32: close, not exact (mlx picks its own scales
+    and keeps 0 exact, so a value can move by up to one step of its group), and 2-4x less
+    memory than float16.
+    """
+    out = dict(weights)
+    for name, qtype in types.items():
+        path = mlx_name(name)
+        bits = REQUANT_BITS.get(qtype)
+        if bits is None or path is None or not path.endswith(".weight"):
+            continue
+        w = out[path]
+        if w.ndim != 2 or w.shape[-1] % GROUP:
+            continue
+        stem = path[: -len(".weight")]
+        out[path], out[f"{stem}.scales"], out[f"{stem}.biases"] = mx.quantize(
+            w, group_size=GROUP, bits=bits
+        )
     return out
 
 

@@ -32,7 +32,8 @@ LLAMA3_SPLIT = (
 def _pre_tokenizer(pre_type: str) -> tuple[Any, Any]:
     """`(normalizer, pre_tokenizer)` matching the HF tokenizer.json of each `tokenizer.ggml.pre`."""
     if pre_type == "smollm":
-        # StarCoder-style: every digit alone, then GPT-2's byte-level regex.
+        # llama.cpp's SMOLLM split ("\p{N}", then GPT-2's regex): every digit alone, then
+        # GPT-2's byte-level regex.
         return None, pre.Sequence(
             [
                 pre.Digits(individual_digits=True),

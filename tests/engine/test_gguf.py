@@ -165,9 +165,35 @@ def test_dequantized_cache_for_the_model_cache(tmp_path, monkeypatch):
     assert second.info["tensor_types"] == first.info["tensor_types"]
     ref = reference_model("qwen2", expected, tied=True)
     np.testing.assert_array_equal(np.asarray(second.model(PROMPT)), np.asarray(ref(PROMPT)))
+    # Rewriting the file replaces its cached copy instead of adding one.
+    write_tiny_gguf(path, "qwen2", {"attn_q": T.Q4_K, "ffn_down": T.Q5_0}, seed=5)
+    assert load_gguf(path).info["dequantized_cache"] is False
+    assert len(list((tmp_path / "dequantized").glob("kq-*.safetensors"))) == 1
     # A file outside the model cache is never cached.
     other = tmp_path / "elsewhere"
     other.mkdir()
     write_tiny_gguf(other / "kq.gguf", "qwen2", {"attn_q": T.Q4_K}, seed=4)
     assert load_gguf(other / "kq.gguf").info["dequantized_cache"] is False
     assert len(list((tmp_path / "dequantized").iterdir())) == 1
+
+
+def test_gpu_path_requantizes_gguf_package_files(tiny_qwen2):
+    path, expected = tiny_qwen2
+    lm = load_gguf(path, dequantize=False)
+    layer = lm.model.model.layers[1]
+    bits = {"q_proj": 4, "k_proj": 8}  # Q4_K, Q6_K
+    for name, b in bits.items():
+        assert getattr(layer.self_attn, name).bits == b
+    assert layer.mlp.down_proj.bits == 8  # Q5_0
+    assert not isinstance(layer.mlp.gate_proj, nn.QuantizedLinear)  # BF16 stays float
+    assert layer.mlp.gate_proj.weight.dtype == mx.float16
+    assert lm.weight_format.startswith("q")
+    q = layer.self_attn.q_proj
+    back = np.asarray(mx.dequantize(q.weight, q.scales, q.biases, group_size=32, bits=4))
+    want = expected["model.layers.1.self_attn.q_proj.weight"]
+    groups = want.reshape(-1, 32)
+    step = (groups.max(1) - groups.min(1)) / 15  # mlx's step for each group of 32
+    err = np.abs(back.reshape(-1, 32) - groups).max(1)
+    # mlx keeps 0 exact, so up to one step (not half), plus float16 scales and biases.
+    assert (err <= step + 2e-3 * np.abs(groups).max(1)).all()
+    assert np.median(err[step > 0] / step[step > 0]) < 0.5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
 from core.engine.loading import load_model
@@ -105,3 +106,27 @@ def test_mlx_lm_directory(tmp_path):
 
 def test_registry_aliases():
     assert {"smollm2-135m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"} <= set(REGISTRY)
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.999])
+@pytest.mark.parametrize("types", [{}, {"attn_q": T.Q4_K}], ids=["mx-load", "gguf-package"])
+def test_truncated_gguf(tmp_path, cut, types):
+    path = tmp_path / "t.gguf"
+    write_tiny_gguf(path, "qwen2", types)
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * cut)])
+    with pytest.raises(ModelError, match="cannot (read|dequantize) GGUF"):
+        load_model(str(path))
+
+
+def test_missing_metadata_key(tmp_path):
+    path = tmp_path / "nometa.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelError, match="GGUF metadata lacks llama.embedding_length"):
+        load_model(str(path))
