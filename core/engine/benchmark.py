@@ -102,7 +102,8 @@ def run_bench(
     progress("measuring the verify-cost curve")
     cost = measure_verify_curve(target.model)
     for d in ["none", *drafters]:
-        spec, _, k = d.partition("/")  # "early-exit:8/4" = early exit at layer 8, fixed k = 4
+        # "early-exit:8/4" = early exit at layer 8, fixed k = 4 (paths keep their slashes)
+        spec, _, k = d.rpartition("/") if d.rpartition("/")[2].isdigit() else (d, "", "")
         dm = draft_model if spec.startswith("draft-model") or spec == "auto" else None
         eng = Engine(
             target,
