@@ -15,7 +15,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from .verify import MAX_SIBLINGS, VerifyResult
+from .verify import VerifyResult, launch
 
 THREADS = 256
 
@@ -280,29 +280,4 @@ def verify_cuda(
     kernels = _make_kernel()
     if kernels is None:
         raise RuntimeError("the CUDA verify kernel needs MLX's CUDA backend")
-    B, N, V = logits.shape
-    parents = mx.array(parents, dtype=mx.int32) if not isinstance(parents, mx.array) else parents
-    has_q = draft_probs is not None and not greedy
-    if not greedy and uniforms is None:
-        raise ValueError("sampling verification needs uniforms (see draw_uniforms)")
-    placeholder = mx.zeros((1,), dtype=mx.float32)
-    u = placeholder if greedy else uniforms.astype(mx.float32)
-    q = draft_probs if has_q else placeholder
-    node, walk = kernels
-    child, choice = node(
-        inputs=[logits, tokens.astype(mx.int32), parents.astype(mx.int32), u, q],
-        template=[("GREEDY", bool(greedy)), ("HAS_Q", bool(has_q)), ("MAXS", MAX_SIBLINGS)],
-        grid=(B * N * THREADS, 1, 1),
-        threadgroup=(THREADS, 1, 1),
-        output_shapes=[(B, N), (B, N)],
-        output_dtypes=[mx.int32, mx.int32],
-    )
-    tg = min(B, 128)
-    path, accepted, num, nxt = walk(
-        inputs=[child, choice],
-        grid=(B, 1, 1),
-        threadgroup=(tg, 1, 1),
-        output_shapes=[(B, N), (B, N), (B,), (B,)],
-        output_dtypes=[mx.int32, mx.bool_, mx.int32, mx.int32],
-    )
-    return VerifyResult(choice, child, accepted, path, num, nxt)
+    return launch(kernels, logits, tokens, parents, draft_probs, uniforms, greedy, THREADS)
