@@ -104,9 +104,31 @@ def test_weights_equal_gguf_dequantization(name, headers, request):
 def test_small_greedy_answer(small):
     ids = small.encode_chat([{"role": "user", "content": QUESTION}])
     assert greedy(small, ids, 16).startswith(EXPECTED[SMALL])
-    assert small.weight_format == ("float32" if mx.default_device() == mx.cpu else "float16")
+    if mx.default_device() == mx.cpu:
+        assert small.weight_format == "float32"
+    else:  # K-quant files are re-quantized to MLX's affine format on a GPU
+        assert small.weight_format.startswith("q")
 
 
 def test_big_greedy_answer(big):
     ids = big.encode_chat([{"role": "user", "content": QUESTION}])
     assert greedy(big, ids, 10).startswith(EXPECTED[BIG])
+
+
+def test_big_speculative_greedy_equals_plain(big, small):
+    """On the 1.5B target every drafter reproduces plain greedy decoding token for token."""
+    from core.engine import CostCurve, Engine, GenerationParams
+
+    prompt = big.encode_chat([{"role": "user", "content": QUESTION}])
+    params = GenerationParams(max_tokens=24)
+    flat = CostCurve.flat()  # width is free: the drafters draft every step
+    want = Engine(big, draft="none").generate(prompt, params).tokens
+    for spec in ("ngram", "early-exit:21", "draft-model:qwen2.5-coder-0.5b", "tree", "auto"):
+        eng = Engine(
+            big,
+            draft=spec,
+            k=3 if spec != "tree" else None,
+            cost=flat,
+            draft_model=small if spec.startswith(("draft", "auto")) else None,
+        )
+        assert eng.generate(prompt, params).tokens == want, spec
