@@ -35,6 +35,17 @@ def test_missing_gguf_file(tmp_path):
         load_model(str(tmp_path / "nope.gguf"))
 
 
+def write_minimal_gguf(path, arch: str) -> None:
+    """A one-tensor GGUF with only a block count: enough to reach the loader's checks."""
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def test_not_a_gguf_file(tmp_path):
     path = tmp_path / "fake.gguf"
     path.write_bytes(b"PK\x03\x04 not a gguf")
@@ -44,13 +55,7 @@ def test_not_a_gguf_file(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     path = tmp_path / "falcon.gguf"
-    w = GGUFWriter(str(path), "falcon")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_minimal_gguf(path, "falcon")
     with pytest.raises(ModelError, match="unsupported GGUF architecture 'falcon'"):
         load_model(str(path))
 
@@ -121,12 +126,6 @@ def test_truncated_gguf(tmp_path, cut, types):
 
 def test_missing_metadata_key(tmp_path):
     path = tmp_path / "nometa.gguf"
-    w = GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_minimal_gguf(path, "llama")
     with pytest.raises(ModelError, match="GGUF metadata lacks llama.embedding_length"):
         load_model(str(path))
