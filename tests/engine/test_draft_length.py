@@ -44,3 +44,12 @@ def test_cost_curve_interpolates_and_extrapolates():
     c = CostCurve((1, 2, 4), (10.0, 12.0, 16.0))
     assert c(1) == 10.0 and c(3) == 14.0 and c(6) == 20.0
     assert c.relative(4) == 1.6
+
+
+def test_measured_curve_is_positive_and_non_decreasing(make_tiny):
+    from core.engine.costs import measure_verify_curve
+
+    c = measure_verify_curve(make_tiny(0).model, widths=(1, 2, 4), context=8, repeats=2)
+    assert c.widths == (1, 2, 4)
+    assert all(m > 0 for m in c.ms)
+    assert list(c.ms) == sorted(c.ms)
