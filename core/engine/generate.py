@@ -16,12 +16,12 @@ from mlx_lm.generate import generation_stream
 
 from .acceptance import accept, accept_tree
 from .costs import CostCurve, measure_verify_curve
-from .draft_length import AdaptiveK, FixedK
+from .draft_length import PRIORS, AcceptanceStats, AdaptiveK, FixedK
 from .drafters.auto import AutoDrafter, Scheduled
 from .drafters.base import Draft
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.early_exit import EarlyExitDrafter
-from .drafters.ngram import NgramDrafter
+from .drafters.ngram import NgramDrafter, TextIndex
 from .drafters.tree import TreeDrafter
 from .forward import forward, lm_head, make_cache, run_layers, trim
 from .loading import load_model
@@ -110,6 +110,8 @@ class Engine:
         self._cost = cost
         self.profile = profile
         self.double_buffer = double_buffer
+        # Per drafter: acceptance by draft position, carried from request to request.
+        self.acceptance: dict[str, AcceptanceStats] = {}
 
     @classmethod
     def load(
@@ -127,8 +129,16 @@ class Engine:
 
     # -- drafters -------------------------------------------------------------------------
 
-    def _policy(self, draft_cost: float = 0.0):
-        return FixedK(self.k) if self.k else AdaptiveK(self.cost, draft_cost=draft_cost)
+    def _policy(self, kind: str, draft_cost: float = 0.0):
+        if self.k:
+            return FixedK(self.k)
+        if kind not in self.acceptance:
+            self.acceptance[kind] = AcceptanceStats(PRIORS[kind])
+        return AdaptiveK(self.cost, self.acceptance[kind], draft_cost=draft_cost)
+
+    def _ngram(self) -> NgramDrafter:
+        t = self.target
+        return NgramDrafter(text=TextIndex(t.decode, t.encode_text))
 
     def _param_share(self, modules) -> float:
         n = sum(v.size for m in modules for _, v in _leaves(m))
@@ -141,12 +151,12 @@ class Engine:
             share = self._param_share(m.model.layers[:L]) + self._param_share(
                 [m.lm_head if hasattr(m, "lm_head") else m.model.embed_tokens]
             )
-            return Scheduled(EarlyExitDrafter(m, cache, L), self._policy(share))
+            return Scheduled(EarlyExitDrafter(m, cache, L), self._policy("early-exit", share))
         if self.draft_model is not None:
             share = sum(v.size for _, v in _leaves(self.draft_model.model)) / sum(
                 v.size for _, v in _leaves(m)
             )
-            return Scheduled(DraftModelDrafter(self.draft_model), self._policy(share))
+            return Scheduled(DraftModelDrafter(self.draft_model), self._policy("model", share))
         return None
 
     def _plan(self, cache):
@@ -154,9 +164,9 @@ class Engine:
             shape = parse_shape(self.arg) if self.arg else None
             return TreeDrafter(self.cost, self.draft_model, max_nodes=self.k, shape=shape)
         if self.kind == "ngram":
-            return Scheduled(NgramDrafter(), self._policy())
+            return Scheduled(self._ngram(), self._policy("ngram"))
         if self.kind == "auto":
-            cands = [Scheduled(NgramDrafter(), self._policy())]
+            cands = [Scheduled(self._ngram(), self._policy("ngram"))]
             if (md := self._model_drafter(cache)) is not None:
                 cands.append(md)
             return AutoDrafter(cands)

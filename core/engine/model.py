@@ -54,3 +54,7 @@ class LoadedModel:
 
     def decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a piece of text, nothing added (special-token strings map to their ids)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

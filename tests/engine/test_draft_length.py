@@ -1,7 +1,15 @@
 import pytest
 
 from core.engine.costs import CostCurve
-from core.engine.draft_length import PROBE_EVERY, AdaptiveK, best_k, expected_tokens
+from core.engine.draft_length import (
+    CARRY_WEIGHT,
+    PROBE_EVERY,
+    WARMUP,
+    AcceptanceStats,
+    AdaptiveK,
+    best_k,
+    expected_tokens,
+)
 
 CPU = CostCurve((1, 2, 4, 8, 16), (60.0, 70.0, 85.0, 105.0, 110.0))  # shape seen on a CPU
 
@@ -23,21 +31,82 @@ def test_draft_cost_lowers_k():
     assert best_k(0.7, CPU, draft_cost=0.4) < best_k(0.7, CPU)
 
 
+def warmed(prior, cost=CPU, **kw) -> AdaptiveK:
+    """A policy past its warm-up, on fresh statistics with `prior`."""
+    pol = AdaptiveK(cost, AcceptanceStats(prior), **kw)
+    pol.carried.updates = pol.stats.updates = WARMUP
+    return pol
+
+
+def test_warm_up_drafts_k_init_even_under_a_pessimistic_prior():
+    pol = AdaptiveK(CPU, AcceptanceStats((0.05,)), k_init=3)
+    ks = []
+    for _ in range(WARMUP + 1):
+        ks.append(pol.next())
+        pol.update(ks[-1], 0)
+    assert ks[:WARMUP] == [3] * WARMUP and ks[WARMUP] == 0
+
+
 def test_adaptive_grows_on_full_acceptance_and_shrinks_on_rejection():
-    pol = AdaptiveK(CostCurve.flat(), k_init=3, prior=0.9)
-    assert pol.next() == 3
-    pol.update(3, 3)
-    assert pol.next() == 4
-    pol.update(4, 1)
-    assert pol.next() == 2
+    pol = warmed((0.6,))
+    k0 = pol.next()
+    assert k0 > 0
+    for _ in range(6):
+        k = pol.next()
+        pol.update(k, k)
+    grown = pol.next()
+    assert grown > k0
+    for _ in range(6):
+        pol.update(pol.next() or 1, 0)
+    assert pol.next() < grown
+
+
+def test_stats_count_each_position_given_the_earlier_ones():
+    st = AcceptanceStats((0.5,), weight=2.0, k_max=4)
+    st.observe(4, 1)  # token 1 accepted, token 2 rejected, tokens 3-4 never tested
+    assert st.tries == [3.0, 3.0, 2.0, 2.0]
+    assert st.hits == [2.0, 1.0, 1.0, 1.0]
+    st.observe(2, 2)  # both accepted (the bonus token is not a draft position)
+    assert st.tries[:3] == [4.0, 4.0, 2.0] and st.hits[:2] == [3.0, 2.0]
+    assert st.expected()[:3] == pytest.approx([1.0, 1.75, 1.75 + 0.75 * 0.5])
+
+
+def test_copy_like_acceptance_drafts_longer_than_one_rate_would():
+    # Copies: first token 50/50, then nearly always right. One overall rate (what a
+    # geometric model sees) undersells long drafts; per-position rates do not.
+    pol = warmed((0.5, 0.95))
+    overall = (0.5 + 0.95) / 2
+    assert pol.next() > best_k(overall, CPU)
 
 
 def test_adaptive_stops_drafting_then_probes():
-    pol = AdaptiveK(CPU, prior=0.6)
+    pol = warmed((0.6,))
     for _ in range(20):
         pol.update(pol.next() or 1, 0)
     ks = [pol.next() for _ in range(2 * PROBE_EVERY)]
     assert ks.count(0) == 2 * PROBE_EVERY - 2 and ks.count(1) == 2
+
+
+def test_requests_start_from_the_carried_rates_as_a_light_prior():
+    carried = AcceptanceStats((0.5,))
+    first = AdaptiveK(CPU, carried)
+    for _ in range(30):
+        first.update(4, 4)  # a copy task: everything accepted
+    second = AdaptiveK(CPU, carried)
+    assert second.stats is not carried
+    assert second.stats.rate(0) == pytest.approx(carried.rate(0))
+    assert second.stats.tries[0] == CARRY_WEIGHT  # its own evidence soon outweighs it
+    assert second.next() > AdaptiveK(CPU, AcceptanceStats((0.5,))).cap
+
+
+def test_old_observations_fade():
+    st = AcceptanceStats((0.5,), max_weight=10.0, k_max=1)
+    for _ in range(100):
+        st.observe(1, 1)
+    for _ in range(10):
+        st.observe(1, 0)
+    assert st.tries[0] == pytest.approx(10.0)
+    assert st.rate(0) < 0.5  # recent rejections dominate 100 older acceptances
 
 
 def test_cost_curve_interpolates_and_extrapolates():

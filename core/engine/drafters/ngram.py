@@ -1,30 +1,94 @@
-"""Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens.
+"""Prompt lookup: propose what followed the latest earlier occurrence of what was just written.
 
-Matches the last 3 tokens, then 2, then 1, over prompt + output so far, and proposes up to
-k tokens that followed the most recent match. Deterministic (`probs=None`). The index is
-updated incrementally, O(1) per committed token.
+Two matchers over prompt + output so far, both deterministic (`probs=None`):
+
+- on characters (when the drafter has the tokenizer): the longest suffix of the text (3 to
+  48 characters) that occurred earlier; its continuation is re-tokenized together with the
+  last few tokens and proposed only where that re-tokenization reproduces those tokens.
+  Models often split a copied span differently from the prompt (`"maria` after a quote vs
+  ` maria` after a space); token n-grams miss those copies, characters do not.
+- on tokens: the last 3, then 2, then 1 tokens, indexed incrementally (O(1) per token);
+  copies forward like LZ77, so a match that overlaps the end extends periodically. Used
+  when the character matcher finds nothing (or has no tokenizer).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 
 from .base import Draft, DraftSampler
 
 NGRAM_SIZES = (3, 2, 1)
+MIN_CHARS, MAX_CHARS = 3, 48
+TAIL = 3  # tokens re-tokenized with the continuation to check the boundary
+CHARS_PER_TOKEN = 8  # continuation text taken per proposed token (generous: cut at the end)
+
+
+class TextIndex:
+    """The decoded text of a growing token history, with suffix lookup on characters."""
+
+    def __init__(self, decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]):
+        self.decode, self.encode = decode, encode
+        self._ids: list[int] = []
+        self._text = ""
+
+    def reset(self) -> None:
+        self._ids, self._text = [], ""
+
+    def _head(self, ids: list[int]) -> str:
+        """decode(ids), extending the cached text when `ids` extends the cached ids."""
+        n = len(self._ids)
+        if len(ids) >= n and ids[:n] == self._ids:
+            more = self.decode(ids[n:]) if len(ids) > n else ""
+            if "\ufffd" not in more:  # a split multi-byte character: decode whole instead
+                self._ids, self._text = list(ids), self._text + more
+                return self._text
+        self._ids, self._text = list(ids), self.decode(ids)
+        return self._text
+
+    def lookup(self, history: list[int], k: int) -> list[int]:
+        if len(history) <= TAIL:
+            return []
+        tail = history[-TAIL:]
+        tail_text = self.decode(tail)
+        text = self._head(history[:-TAIL]) + tail_text
+        # Occurring earlier is monotone in the suffix length: binary search the longest.
+        lo, hi, pos = MIN_CHARS - 1, min(MAX_CHARS, len(text) - 1), -1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            p = text.rfind(text[-mid:], 0, len(text) - 1)
+            if p >= 0:
+                lo, pos = mid, p + mid
+            else:
+                hi = mid - 1
+        if pos < 0 or lo < MIN_CHARS:
+            return []
+        cont = text[pos : pos + CHARS_PER_TOKEN * k + 1]
+        ids = self.encode(tail_text + cont)
+        if ids[:TAIL] != tail:
+            return []  # the copy would not continue these tokens as the model wrote them
+        ids = ids[TAIL:]
+        if pos + len(cont) < len(text):
+            ids = ids[:-1]  # the last token may be cut mid-word
+        return ids[:k]
 
 
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, sizes: tuple[int, ...] = NGRAM_SIZES):
+    def __init__(self, sizes: tuple[int, ...] = NGRAM_SIZES, text: TextIndex | None = None):
         self.sizes = sizes
+        self.text = text
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # positions [0, _indexed) have their n-grams indexed
 
     def begin(self, prompt: list[int]) -> None:
         self._index.clear()
         self._indexed = 0
+        if self.text is not None:
+            self.text.reset()
 
     def _update(self, history: list[int]) -> None:
         # Index n-grams ending at e for every e whose continuation e + 1 exists in history,
@@ -36,10 +100,16 @@ class NgramDrafter:
         self._indexed = max(self._indexed, len(history) - 1)
 
     def lookup(self, history: list[int], k: int) -> list[int]:
-        """Up to `k` tokens that followed the latest earlier match of the longest suffix."""
+        """Up to `k` tokens continuing the latest earlier match of the longest suffix."""
         self._update(history)
         if k <= 0:
             return []
+        if self.text is not None and (cont := self.text.lookup(history, k)):
+            return cont
+        return self.lookup_tokens(history, k)
+
+    def lookup_tokens(self, history: list[int], k: int) -> list[int]:
+        """The token matcher alone: the last 3, then 2, then 1 tokens."""
         for n in self.sizes:
             if len(history) < n:
                 continue
