@@ -36,20 +36,28 @@ def expected_tokens(k: int, a: float) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def best_k_for(
+def plan(
     expected: Sequence[float], cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0
-) -> int:
-    """The k in [0, k_max] with the most expected tokens per unit time (0 = don't draft).
+) -> tuple[int, float]:
+    """The k in [0, k_max] with the most expected tokens per unit time, and that rate.
 
     `expected[k]` is the expected number of tokens one verify step emits when k are drafted;
-    `draft_cost` is the cost of drafting one token in units of one plain step.
+    `draft_cost` is the cost of drafting one token in units of one plain step. k = 0 (rate
+    1.0: plain decoding) when no draft length beats it.
     """
     best, best_rate = 0, 1.0  # plain decoding: 1 token per unit
     for k in range(1, min(k_max, len(expected) - 1) + 1):
         rate = expected[k] / (cost.relative(k + 1) + k * draft_cost)
         if rate > best_rate * 1.0001:
             best, best_rate = k, rate
-    return best
+    return best, best_rate
+
+
+def best_k_for(
+    expected: Sequence[float], cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0
+) -> int:
+    """The k of `plan`."""
+    return plan(expected, cost, k_max, draft_cost)[0]
 
 
 def best_k(a: float, cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0) -> int:
@@ -124,6 +132,9 @@ class FixedK:
     def next(self) -> int:
         return self.k
 
+    def promise(self) -> float:
+        return 0.0  # unknown: a fixed length keeps the candidates' order
+
     def update(self, proposed: int, accepted: int) -> None:
         pass
 
@@ -160,6 +171,10 @@ class AdaptiveK:
     @property
     def cap(self) -> int:
         return best_k_for(self.stats.expected(), self.cost, self.k_max, self.draft_cost)
+
+    def promise(self) -> float:
+        """Expected tokens per unit of time at the best k (1.0 = no better than plain)."""
+        return plan(self.stats.expected(), self.cost, self.k_max, self.draft_cost)[1]
 
     def next(self) -> int:
         if self.stats.updates < WARMUP:

@@ -32,11 +32,17 @@ class Scheduled:
             self.drafter.commit(draft, num_accepted)
             self.policy.update(draft.length, num_accepted)
 
+    def promise(self) -> float:
+        """Expected tokens per unit of time this drafter offers (its policy's estimate)."""
+        return self.policy.promise()
+
 
 class AutoDrafter:
-    """Per step: the first candidate (n-gram first, then model drafters) whose policy says
-    drafting pays at its measured acceptance and that has something to propose; otherwise a
-    plain step. Each candidate keeps its own acceptance estimate and draft length."""
+    """Per step: the candidates in order of what they promise (expected tokens per unit of
+    time from their measured acceptance, draft cost included; n-gram first on ties), and the
+    first one that drafts something is used; otherwise a plain step. A prompt-lookup miss
+    costs nothing, so the next candidate still gets its turn. Each candidate keeps its own
+    acceptance statistics and draft length."""
 
     name = "auto"
 
@@ -50,7 +56,7 @@ class AutoDrafter:
 
     def step(self, history: list[int], sampler: DraftSampler) -> Draft:
         self._chosen = None
-        for c in self.candidates:
+        for c in sorted(self.candidates, key=lambda c: -c.promise()):
             draft = c.step(history, sampler)
             if draft.length:
                 self._chosen = c
