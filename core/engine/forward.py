@@ -7,17 +7,85 @@ itself instead of calling `model(...)`; every piece is exactly what mlx-lm's lla
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+
+def kv_pad() -> int:
+    """Multi-token attention reads are padded to a multiple of this many positions.
+
+    MLX's CUDA backend runs attention over more than one query through cuDNN graphs that
+    are built for, and cached by (LRU, 128 entries), the exact key length; a verify step at
+    a length not seen lately pays a graph build, and a speculative decoder meets a new
+    length nearly every step. Padded, the length changes once every `pad` positions. Metal
+    and the CPU have no such cost: 0 (no padding) there. `APPLESPEC_KV_PAD` overrides.
+    """
+    env = os.environ.get("APPLESPEC_KV_PAD")
+    if env is not None:
+        return int(env)
+    return 64 if mx.default_device() == mx.gpu and mx.cuda.is_available() else 0
+
+
+class PaddedKVCache(KVCache):
+    """mlx-lm's KVCache whose multi-token reads cover a whole number of `pad` positions;
+    the extra positions are masked out by `make_mask`, so the attention output is the same.
+    Single-token reads (plain decoding) are not padded."""
+
+    def __init__(self, pad: int):
+        super().__init__()
+        self.pad = pad
+
+    def read_width(self, total: int) -> int:
+        """Key positions a multi-token read covers once `total` positions are cached."""
+        return -(-total // self.pad) * self.pad
+
+    def _reserve(self, keys: mx.array, values: mx.array, size: int) -> None:
+        B, H, _, dk = keys.shape
+        cap = -(-size // self.step) * self.step
+        new_k = mx.zeros((B, H, cap, dk), keys.dtype)
+        new_v = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
+        if self.keys is not None and self.offset:
+            new_k[..., : self.offset, :] = self.keys[..., : self.offset, :]
+            new_v[..., : self.offset, :] = self.values[..., : self.offset, :]
+        self.keys, self.values = new_k, new_v
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        n = keys.shape[2]
+        if n == 1:
+            return super().update_and_fetch(keys, values)
+        prev, width = self.offset, self.read_width(self.offset + n)
+        if self.keys is None or width > self.keys.shape[2]:
+            self._reserve(keys, values, width)
+        self.offset = prev + n
+        self.keys[..., prev : self.offset, :] = keys
+        self.values[..., prev : self.offset, :] = values
+        return self.keys[..., :width, :], self.values[..., :width, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        if n == 1 or window_size is not None:
+            return super().make_mask(n, return_array=return_array, window_size=window_size)
+        total = self.offset + n  # called before this step's update
+        rows = mx.arange(self.offset, total)[:, None]
+        return mx.arange(self.read_width(total))[None] <= rows  # causal; padding masked
 
 
 def make_cache(model: nn.Module) -> list[Any]:
-    """One mlx-lm KV cache per layer (trimmable: rollback = lower the offset)."""
-    return make_prompt_cache(model)
+    """One mlx-lm KV cache per layer (trimmable: rollback = lower the offset); padded
+    multi-token reads where the backend needs them (`kv_pad`)."""
+    cache, pad = make_prompt_cache(model), kv_pad()
+    if pad > 1 and all(type(c) is KVCache for c in cache):
+        return [PaddedKVCache(pad) for _ in cache]
+    return cache
+
+
+def read_width(cache: Any, total: int) -> int:
+    """Key positions the cache returns for a multi-token step ending at `total`."""
+    return cache.read_width(total) if isinstance(cache, PaddedKVCache) else total
 
 
 def embed(model: nn.Module, tokens: mx.array) -> mx.array:

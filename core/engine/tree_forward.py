@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from .forward import embed, lm_head
+from .forward import embed, lm_head, read_width
 from .tree import TokenTree
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
@@ -87,6 +87,9 @@ def tree_forward(
     caches = cache[start_layer:]
     prefix = caches[0].offset
     mask = tree.attention_mask(prefix)  # (N, prefix + N)
+    width = read_width(caches[0], prefix + tree.size)
+    if width > mask.shape[1]:  # a padded cache (forward.kv_pad): padding is never attended
+        mask = mx.concatenate([mask, mx.zeros((tree.size, width - mask.shape[1]), mx.bool_)], 1)
     positions = tree.positions(prefix)  # (N,)
     if hidden is None:
         hidden = embed(model, mx.array([tree.tokens], dtype=mx.int32))
