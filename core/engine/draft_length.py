@@ -6,8 +6,9 @@ prompt that survives its first token usually survives many more (measured on the
 extraction prompts: ~0.5 for the first n-gram token, ~0.8 after it), which a single
 geometric rate cannot express. Every step takes the k that maximizes expected tokens per
 unit of time, E(k) / (cost(k + 1) + k * draft_cost), with E(k) = 1 + sum_j prod_{i<=j} h_i.
-Full acceptances raise the deep positions' rates, so k grows; early rejections lower the
-first positions', so k shrinks; when no k beats plain decoding nothing is drafted, with a
+A position is only measured when drafted, so after a fully accepted draft the next one goes
+one token deeper than that (grow on full acceptance); early rejections lower the first
+positions' rates, so k shrinks; when no k beats plain decoding nothing is drafted, with a
 re-probe every few steps so a drafter can earn its way back.
 
 The counts live in `AcceptanceStats`. An engine keeps one per drafter across requests, and
@@ -167,6 +168,7 @@ class AdaptiveK:
         self.draft_cost = draft_cost
         self.k_init = min(k_init, self.k_max)
         self._idle = 0
+        self._grow = 0  # after a fully accepted draft of k tokens: k + 1
 
     @property
     def cap(self) -> int:
@@ -179,7 +181,7 @@ class AdaptiveK:
     def next(self) -> int:
         if self.stats.updates < WARMUP:
             return self.k_init
-        k = self.cap
+        k = max(self.cap, self._grow)
         if k == 0:
             self._idle += 1
             return 0 if self._idle % PROBE_EVERY else 1  # probe
@@ -189,6 +191,7 @@ class AdaptiveK:
         if proposed == 0:
             return
         self._idle = 0
+        self._grow = min(proposed + 1, self.k_max) if accepted == proposed else 0
         self.stats.observe(proposed, accepted)
         if self.carried is not self.stats:
             self.carried.observe(proposed, accepted)

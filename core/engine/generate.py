@@ -70,6 +70,8 @@ class Engine:
         draft_model: the loaded model for `draft-model:NAME` (loaded by name if omitted);
             with `auto` it joins the n-gram drafter as a fallback.
         cost: the verify-cost curve; measured on first use if omitted.
+        draft_cost: one draft-model token in units of one target step; measured on first
+            use if omitted.
         profile: evaluate at phase boundaries so draft/verify/accept/cache times are exact
             (a few extra host syncs per step); off, those phases are reported as null.
         double_buffer: for `none`, queue the next step before reading the current token
@@ -84,6 +86,7 @@ class Engine:
         k: int | None = None,
         draft_model: LoadedModel | None = None,
         cost: CostCurve | None = None,
+        draft_cost: float | None = None,
         profile: bool = True,
         double_buffer: bool = True,
     ):
@@ -108,6 +111,7 @@ class Engine:
         self.k = k
         self.draft_model = draft_model
         self._cost = cost
+        self._draft_cost = draft_cost
         self.profile = profile
         self.double_buffer = double_buffer
         # Per drafter: acceptance by draft position, carried from request to request.
@@ -119,6 +123,16 @@ class Engine:
     ) -> Engine:
         parse_draft_spec(draft)  # fail on a bad spec before loading anything
         return cls(load_model(model), draft=draft, k=k, **kw)
+
+    @property
+    def draft_cost(self) -> float:
+        """One draft-model token in units of one target step, measured here: a small model
+        is not proportionally faster everywhere (on an H200 both are latency-bound)."""
+        if self._draft_cost is None:
+            with mx.stream(generation_stream):
+                ms = measure_verify_curve(self.draft_model.model, widths=(1,)).ms[0]
+            self._draft_cost = ms / self.cost.ms[0]
+        return self._draft_cost
 
     @property
     def cost(self) -> CostCurve:
@@ -153,10 +167,8 @@ class Engine:
             )
             return Scheduled(EarlyExitDrafter(m, cache, L), self._policy("early-exit", share))
         if self.draft_model is not None:
-            share = sum(v.size for _, v in _leaves(self.draft_model.model)) / sum(
-                v.size for _, v in _leaves(m)
-            )
-            return Scheduled(DraftModelDrafter(self.draft_model), self._policy("model", share))
+            drafter = DraftModelDrafter(self.draft_model)
+            return Scheduled(drafter, self._policy("model", self.draft_cost))
         return None
 
     def _plan(self, cache):

@@ -122,3 +122,14 @@ def test_measured_curve_is_positive_and_non_decreasing(make_tiny):
     assert c.widths == (1, 2, 4)
     assert all(m > 0 for m in c.ms)
     assert list(c.ms) == sorted(c.ms)
+
+
+def test_a_fully_accepted_draft_is_followed_by_a_deeper_one():
+    pol = AdaptiveK(CPU)
+    pol.stats = pol.carried = AcceptanceStats((0.5, 0.6), weight=1e4)  # one step: no change
+    pol.stats.updates = WARMUP
+    k = pol.next()
+    pol.update(k, k)
+    assert pol.cap == k and pol.next() == k + 1  # position k + 1 gets measured anyway
+    pol.update(k + 1, 1)
+    assert pol.next() == k  # a rejection ends the growth
