@@ -7,7 +7,8 @@ extraction prompts: ~0.5 for the first n-gram token, ~0.8 after it), which a sin
 geometric rate cannot express. Every step takes the k that maximizes expected tokens per
 unit of time, E(k) / (cost(k + 1) + k * draft_cost), with E(k) = 1 + sum_j prod_{i<=j} h_i.
 A position is only measured when drafted, so after a fully accepted draft the next one goes
-one token deeper than that (grow on full acceptance); early rejections lower the first
+one token deeper than that (grow on full acceptance) while drafting pays at all; early
+rejections lower the first
 positions' rates, so k shrinks; when no k beats plain decoding nothing is drafted, with a
 re-probe every few steps so a drafter can earn its way back.
 
@@ -181,11 +182,11 @@ class AdaptiveK:
     def next(self) -> int:
         if self.stats.updates < WARMUP:
             return self.k_init
-        k = max(self.cap, self._grow)
-        if k == 0:
+        k = self.cap
+        if k == 0:  # drafting does not pay: probe now and then, never grow from a probe
             self._idle += 1
-            return 0 if self._idle % PROBE_EVERY else 1  # probe
-        return k
+            return 0 if self._idle % PROBE_EVERY else 1
+        return max(k, self._grow)
 
     def update(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

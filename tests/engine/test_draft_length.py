@@ -133,3 +133,14 @@ def test_a_fully_accepted_draft_is_followed_by_a_deeper_one():
     assert pol.cap == k and pol.next() == k + 1  # position k + 1 gets measured anyway
     pol.update(k + 1, 1)
     assert pol.next() == k  # a rejection ends the growth
+
+
+def test_accepted_probes_do_not_grow_a_draft_that_does_not_pay():
+    # A draft model as slow per token as the target (an H200 at batch 1): even perfect
+    # acceptance cannot pay for drafting, so accepted probes must not escalate k.
+    pol = warmed((0.95,), cost=CostCurve.flat(), draft_cost=1.2)
+    ks = []
+    for _ in range(4 * PROBE_EVERY):
+        ks.append(pol.next())
+        pol.update(ks[-1], ks[-1])
+    assert max(ks) == 1 and ks.count(1) == 4
