@@ -118,6 +118,16 @@ def forward(model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
     return lm_head(model, run_layers(model, embed(model, tokens), cache))
 
 
+def last_logits(model: nn.Module, tokens: mx.array, cache: list[Any]) -> mx.array:
+    """The whole model on (B, L) ids, logits for the last position only: (B, V).
+
+    Prefills and a draft model's catch-up need no logits for the other positions, and the
+    output projection is the largest matmul of a small model (SmolLM2: ~1/5 of its weights;
+    Qwen2.5-Coder-0.5B: ~1/4), so it runs on one row."""
+    h = run_layers(model, embed(model, tokens), cache)
+    return lm_head(model, h[:, -1:])[:, 0]
+
+
 def trim(cache: list[Any], n: int) -> None:
     """Drop the last `n` positions of every layer's cache (rejected draft tokens)."""
     if n > 0:

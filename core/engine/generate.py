@@ -23,7 +23,7 @@ from .drafters.draft_model import DraftModelDrafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.ngram import NgramDrafter, TextIndex
 from .drafters.tree import TreeDrafter
-from .forward import forward, lm_head, make_cache, run_layers, trim
+from .forward import forward, last_logits, lm_head, make_cache, run_layers, trim
 from .loading import load_model
 from .metrics import Phase, RequestMetrics
 from .model import LoadedModel
@@ -231,7 +231,7 @@ class Engine:
             forward(model, toks[:, i : i + PREFILL_CHUNK], cache)
             mx.eval([c.state for c in cache])
         rest = len(prompt) - (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
-        return forward(model, toks[:, -rest:], cache)[:, -1]
+        return last_logits(model, toks[:, -rest:], cache)
 
     @staticmethod
     def _sample(logits: mx.array, params: GenerationParams, keys: KeyStream) -> mx.array:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from core.engine import Engine, GenerationParams
-from core.engine.forward import PaddedKVCache, forward, make_cache, trim
+from core.engine.forward import PaddedKVCache, forward, last_logits, make_cache, trim
 
 
 def test_padded_reads_give_the_same_logits(make_tiny):
@@ -44,3 +44,13 @@ def test_greedy_output_is_unchanged_by_padding(drafter, make_tiny, flat_cost, mo
     monkeypatch.setenv("APPLESPEC_KV_PAD", "8")
     got = Engine(target, draft=drafter, cost=flat_cost, **extra).generate(prompt, params)
     assert got.tokens == want
+
+
+def test_last_logits_equal_the_full_forward_last_row(make_tiny):
+    model = make_tiny(2).model
+    toks = mx.array([[5, 17, 99, 3, 250, 42, 7]], dtype=mx.int32)
+    a, b = make_cache(model), make_cache(model)
+    full = forward(model, toks, a)[:, -1]
+    last = last_logits(model, toks, b)
+    np.testing.assert_allclose(np.array(full), np.array(last), atol=1e-5, rtol=1e-5)
+    assert a[0].offset == b[0].offset == toks.shape[1]

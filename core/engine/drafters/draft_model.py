@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..forward import forward, make_cache, trim
+from ..forward import forward, last_logits, make_cache, trim
 from ..model import LoadedModel
 from .base import Draft, DraftSampler
 
@@ -26,7 +26,7 @@ class DraftModelDrafter:
         tokens, probs = [], []
         self._pending = 0
         if k:
-            logits = forward(model, fresh, self.cache)[:, -1]
+            logits = last_logits(model, fresh, self.cache)
             for i in range(k):
                 t, q = sampler(logits)
                 tokens.append(t)

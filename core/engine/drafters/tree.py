@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..costs import CostCurve
 from ..draft_length import PROBE_EVERY
-from ..forward import forward, make_cache, trim
+from ..forward import forward, last_logits, make_cache, trim
 from ..model import LoadedModel
 from ..tree import TokenTree, best_first, dynamic_tree, merge
 from .base import Draft, DraftSampler
@@ -84,7 +84,7 @@ class ModelCandidates:
     def tree(self, history: list[int]) -> TokenTree:
         model = self.draft.model
         tree = TokenTree.root(history[-1])
-        logits = forward(model, mx.array([history[self._seen :]], mx.int32), self.cache)[0, -1]
+        logits = last_logits(model, mx.array([history[self._seen :]], mx.int32), self.cache)[0]
         self._seen = len(history)
         parent, fed = 0, 0
         for d in range(self.depth):
