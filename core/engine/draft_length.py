@@ -8,9 +8,8 @@ geometric rate cannot express. Every step takes the k that maximizes expected to
 unit of time, E(k) / (cost(k + 1) + k * draft_cost), with E(k) = 1 + sum_j prod_{i<=j} h_i.
 A position is only measured when drafted, so after a fully accepted draft the next one goes
 one token deeper than that (grow on full acceptance) while drafting pays at all; early
-rejections lower the first
-positions' rates, so k shrinks; when no k beats plain decoding nothing is drafted, with a
-re-probe every few steps so a drafter can earn its way back.
+rejections lower the first positions' rates, so k shrinks; when no k beats plain decoding
+nothing is drafted, with a re-probe every few steps so a drafter can earn its way back.
 
 The counts live in `AcceptanceStats`. An engine keeps one per drafter across requests, and
 each request starts from its rates as a light prior (`CARRY_WEIGHT` observations per
@@ -55,16 +54,9 @@ def plan(
     return best, best_rate
 
 
-def best_k_for(
-    expected: Sequence[float], cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0
-) -> int:
-    """The k of `plan`."""
-    return plan(expected, cost, k_max, draft_cost)[0]
-
-
 def best_k(a: float, cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0) -> int:
-    """`best_k_for` at one acceptance rate `a` for every position."""
-    return best_k_for([expected_tokens(k, a) for k in range(k_max + 1)], cost, k_max, draft_cost)
+    """The k of `plan` at one acceptance rate `a` for every position."""
+    return plan([expected_tokens(k, a) for k in range(k_max + 1)], cost, k_max, draft_cost)[0]
 
 
 class AcceptanceStats:
@@ -171,13 +163,17 @@ class AdaptiveK:
         self._idle = 0
         self._grow = 0  # after a fully accepted draft of k tokens: k + 1
 
+    def _plan(self) -> tuple[int, float]:
+        return plan(self.stats.expected(), self.cost, self.k_max, self.draft_cost)
+
     @property
     def cap(self) -> int:
-        return best_k_for(self.stats.expected(), self.cost, self.k_max, self.draft_cost)
+        """The k the cost model picks (0 = drafting does not pay)."""
+        return self._plan()[0]
 
     def promise(self) -> float:
         """Expected tokens per unit of time at the best k (1.0 = no better than plain)."""
-        return plan(self.stats.expected(), self.cost, self.k_max, self.draft_cost)[1]
+        return self._plan()[1]
 
     def next(self) -> int:
         if self.stats.updates < WARMUP:

@@ -23,7 +23,7 @@ from .drafters.draft_model import DraftModelDrafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.ngram import NgramDrafter, TextIndex
 from .drafters.tree import TreeDrafter
-from .forward import forward, last_logits, lm_head, make_cache, run_layers, trim
+from .forward import embed, forward, last_logits, lm_head, make_cache, run_layers, trim
 from .loading import load_model
 from .metrics import Phase, RequestMetrics
 from .model import LoadedModel
@@ -228,7 +228,7 @@ class Engine:
         model = self.target.model
         toks = mx.array([prompt], dtype=mx.int32)
         for i in range(0, len(prompt) - PREFILL_CHUNK, PREFILL_CHUNK):
-            forward(model, toks[:, i : i + PREFILL_CHUNK], cache)
+            run_layers(model, embed(model, toks[:, i : i + PREFILL_CHUNK]), cache)
             mx.eval([c.state for c in cache])
         rest = len(prompt) - (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
         return last_logits(model, toks[:, -rest:], cache)

@@ -63,7 +63,7 @@ class TextIndex:
                 lo, pos = mid, p + mid
             else:
                 hi = mid - 1
-        if pos < 0 or lo < MIN_CHARS:
+        if pos < 0:  # not even MIN_CHARS characters occurred before
             return []
         cont = text[pos : pos + CHARS_PER_TOKEN * k + 1]
         ids = self.encode(tail_text + cont)
