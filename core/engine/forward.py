@@ -27,6 +27,8 @@ def kv_pad() -> int:
     """
     env = os.environ.get("APPLESPEC_KV_PAD")
     if env is not None:
+        if not env.strip().isdigit():
+            raise ValueError(f"APPLESPEC_KV_PAD must be a whole number of positions, got {env!r}")
         return int(env)
     return 64 if mx.default_device() == mx.gpu and mx.cuda.is_available() else 0
 

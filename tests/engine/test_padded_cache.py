@@ -54,3 +54,9 @@ def test_last_logits_equal_the_full_forward_last_row(make_tiny):
     last = last_logits(model, toks, b)
     np.testing.assert_allclose(np.array(full), np.array(last), atol=1e-5, rtol=1e-5)
     assert a[0].offset == b[0].offset == toks.shape[1]
+
+
+def test_a_bad_pad_setting_is_a_clear_error(make_tiny, monkeypatch):
+    monkeypatch.setenv("APPLESPEC_KV_PAD", "sixty-four")
+    with pytest.raises(ValueError, match="APPLESPEC_KV_PAD must be a whole number"):
+        make_cache(make_tiny(0).model)
