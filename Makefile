@@ -31,8 +31,10 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
-	@# OpenBLAS preloaded where installed: the real-model tests run ~10x faster matmuls.
-	LD_PRELOAD=$(wildcard $(OPENBLAS)) $(BIN)/pytest -q
+	@# OpenBLAS preloaded where installed: the real-model tests run ~10x faster matmuls;
+	@# its kernels chosen from the CPU's flags (api/blas.py: it takes unknown CPUs for Prescott).
+	LD_PRELOAD=$(wildcard $(OPENBLAS)) OPENBLAS_CORETYPE=$$($(BIN)/python -m api.blas --coretype) \
+		$(BIN)/pytest -q
 
 bench: setup
 	$(BIN)/applespec bench
