@@ -6,6 +6,8 @@ and `verify_metal` (kernels/verify_metal.py). `verify` picks one.
 
 A chain is the tree with `parents = [-1, 0, 1, ...]`. Node 0 is the root (the last committed
 token; its own token is not verified). `logits[:, c]` is the target's prediction after node `c`.
+`parents` is one tree for every row, (N,), or one per row, (B, N); a row with fewer nodes
+marks the rest as padding with parent `PAD` (never a child, never reached).
 
 Rules (lossless):
     greedy: walk from the root; at node `c` follow the first child whose token equals
@@ -35,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 MAX_SIBLINGS = 64
+PAD = -2  # the parent of a padding node (rows of a batch with fewer nodes)
 
 
 @dataclass
@@ -60,43 +63,61 @@ class VerifyResult:
 
 
 def check_parents(parents) -> np.ndarray:
-    """`parents` as an int32 numpy array after checking it is a tree in topological order.
+    """`parents` as an int32 numpy array, (N,) or (B, N), after checking each row is a tree
+    in topological order followed by padding.
 
     Raises:
-        ValueError: when parents[0] != -1 or some parents[j] is not in [0, j).
+        ValueError: when a row's parents[0] != -1, some parents[j] is not in [0, j), or a
+            real node follows padding.
     """
-    p = np.asarray(parents, dtype=np.int64).reshape(-1)
-    if p.size == 0 or p[0] != -1:
+    p = np.asarray(parents, dtype=np.int64)
+    rows = p.reshape(-1, p.shape[-1]) if p.ndim else p.reshape(1, -1)
+    if rows.shape[1] == 0 or (rows[:, 0] != -1).any():
         raise ValueError("parents[0] must be -1 (node 0 is the root)")
-    j = np.arange(p.size)
-    bad = (p[1:] < 0) | (p[1:] >= j[1:])
+    j = np.arange(rows.shape[1])
+    pad = rows == PAD
+    after_pad = np.cumsum(pad, axis=1) > 0
+    bad = ~pad & ((rows < 0) | (rows >= j)) & (j > 0) | (after_pad & ~pad)
     if bad.any():
-        k = int(np.argmax(bad)) + 1
-        raise ValueError(f"parents[{k}] = {int(p[k])}: every node's parent must come before it")
+        b, k = np.argwhere(bad)[0]
+        where = f"parents[{b}, {k}]" if p.ndim > 1 else f"parents[{k}]"
+        raise ValueError(f"{where} = {int(rows[b, k])}: every node's parent must come before it")
     return p.astype(np.int32)
 
 
-def children_table(parents) -> np.ndarray:
-    """(N, K) int32: the first `MAX_SIBLINGS` children of each node in index order, -1 padded."""
+def _per_row(parents, batch: int) -> np.ndarray:
+    """(B, N) parents: a shared (N,) tree repeated for every row."""
     p = check_parents(parents)
-    kids: list[list[int]] = [[] for _ in range(p.size)]
-    for j in range(1, p.size):
-        if len(kids[p[j]]) < MAX_SIBLINGS:
-            kids[p[j]].append(j)
-    k = max(1, max(len(c) for c in kids))
-    table = np.full((p.size, k), -1, dtype=np.int32)
-    for i, c in enumerate(kids):
-        table[i, : len(c)] = c
-    return table
+    return np.broadcast_to(p, (batch, p.shape[-1])) if p.ndim == 1 else p
+
+
+def children_table(parents) -> np.ndarray:
+    """(..., N, K) int32: the first `MAX_SIBLINGS` children of each node in index order,
+    -1 padded; `parents` (N,) or (B, N)."""
+    p = check_parents(parents)
+    rows = p.reshape(-1, p.shape[-1])
+    kids = [[[] for _ in range(rows.shape[1])] for _ in rows]
+    for b, row in enumerate(rows):
+        for j in range(1, row.size):
+            if row[j] >= 0 and len(kids[b][row[j]]) < MAX_SIBLINGS:
+                kids[b][row[j]].append(j)
+    k = max(1, max(len(c) for r in kids for c in r))
+    table = np.full((rows.shape[0], rows.shape[1], k), -1, dtype=np.int32)
+    for b, r in enumerate(kids):
+        for i, c in enumerate(r):
+            table[b, i, : len(c)] = c
+    return table.reshape(*p.shape, k)
 
 
 def tree_depths(parents) -> np.ndarray:
-    """(N,) int32 depth of each node (the root is 0)."""
+    """(..., N) int32 depth of each node (the root and padding are 0)."""
     p = check_parents(parents)
-    d = np.zeros(p.size, dtype=np.int32)
-    for j in range(1, p.size):
-        d[j] = d[p[j]] + 1
-    return d
+    rows = p.reshape(-1, p.shape[-1])
+    d = np.zeros(rows.shape, dtype=np.int32)
+    for j in range(1, rows.shape[1]):
+        real = rows[:, j] >= 0
+        d[real, j] = d[real, rows[real, j]] + 1
+    return d.reshape(p.shape)
 
 
 def draw_uniforms(batch: int, num_nodes: int, key: mx.array | None = None) -> mx.array:
@@ -119,24 +140,26 @@ def verify_ops(
         logits: (B, N, V) target logits per node, already temperature-scaled and filtered
             (-inf outside top-k / top-p).
         tokens: (B, N) int32 node tokens (tokens[:, 0], the root, is not verified).
-        parents: (N,) int32 parent index per node (parents[0] == -1, parents[j] < j).
+        parents: (N,) or (B, N) int32 parent index per node (parents[0] == -1,
+            parents[j] < j; `PAD` marks padding nodes of a row).
         draft_probs: (B, N, V) distribution each node was drawn from, or None (one-hot).
         uniforms: (B, N, 2) float32 in [0, 1) (see `draw_uniforms`); unused under greedy.
         greedy: argmax acceptance when True, rejection sampling otherwise.
     """
-    table = children_table(parents)  # (N, K)
-    depth = int(tree_depths(parents).max())
     B, N, V = logits.shape
+    rows = _per_row(parents, B)
+    table = children_table(rows)  # (B, N, K)
+    depth = int(tree_depths(rows).max())
     tokens = tokens.astype(mx.int32)
     lf = logits.astype(mx.float32)  # (B, N, V)
     child = mx.full((B, N), -1, dtype=mx.int32)
     searching = mx.ones((B, N), dtype=mx.bool_)
     if greedy:
         am = mx.argmax(lf, axis=-1).astype(mx.int32)  # (B, N)
-        for k in range(table.shape[1]):
-            ch = mx.array(table[:, k])  # (N,)
+        for k in range(table.shape[-1]):
+            ch = mx.array(table[..., k])  # (B, N)
             valid = ch >= 0
-            x = mx.take(tokens, mx.maximum(ch, 0), axis=1)  # (B, N)
+            x = mx.take_along_axis(tokens, mx.maximum(ch, 0), axis=1)  # (B, N)
             acc = searching & valid & (x == am)
             child = mx.where(acc, ch, child)
             searching = searching & ~acc
@@ -148,17 +171,17 @@ def verify_ops(
         R = mx.exp(lf - mx.max(lf, axis=-1, keepdims=True))  # (B, N, V) unnormalised p
         M = mx.sum(R, axis=-1)  # (B, N) its mass
         vocab = mx.arange(V, dtype=mx.int32)
-        for k in range(table.shape[1]):
-            ch = mx.array(table[:, k])
+        for k in range(table.shape[-1]):
+            ch = mx.array(table[..., k])  # (B, N)
             valid = ch >= 0
             chc = mx.maximum(ch, 0)
-            x = mx.take(tokens, chc, axis=1)  # (B, N)
+            x = mx.take_along_axis(tokens, chc, axis=1)  # (B, N)
             rx = mx.take_along_axis(R, x[..., None], axis=-1)[..., 0]  # (B, N)
-            u = mx.take(uf[..., 0], chc, axis=1)  # (B, N)
+            u = mx.take_along_axis(uf[..., 0], chc, axis=1)  # (B, N)
             if draft_probs is None:
                 qx = mx.ones_like(rx)
             else:
-                q = mx.take(draft_probs, chc, axis=1).astype(mx.float32)  # (B, N, V)
+                q = mx.take_along_axis(draft_probs, chc[..., None], axis=1).astype(mx.float32)
                 qx = mx.take_along_axis(q, x[..., None], axis=-1)[..., 0]
             acc = searching & valid & ((u * qx) * M < rx)
             rej = searching & valid & ~acc
@@ -274,6 +297,34 @@ def verify(
     raise ValueError(f"unknown verify backend {backend!r} (ops, cuda or metal)")
 
 
+def choose(
+    logits: mx.array, uniforms: mx.array | None = None, backend: str | None = None
+) -> mx.array:
+    """The target's token after each node, alone: (B, N, V) -> (B, N) int32.
+
+    Greedy (`uniforms` None): the argmax. Otherwise the exponential race
+    argmin_v E_v / p(v) with E drawn from each node's own uniform (`uniforms` (B, N), the
+    seed that `draw_uniforms(...)[..., 1]` carries): the token `verify` samples at a leaf.
+    Given per-position uniforms, this is coupled sampling: the same uniform picks the same
+    token whichever draft came before, so drafts are verified by equality.
+    """
+    backend = backend or _backend()
+    if backend == "ops":
+        lf = logits.astype(mx.float32)
+        if uniforms is None:
+            return mx.argmax(lf, axis=-1).astype(mx.int32)
+        R = mx.exp(lf - mx.max(lf, axis=-1, keepdims=True))
+        return _race_sample(R, uniforms.astype(mx.float32))
+    B, N, _ = logits.shape
+    flat = np.full((B, N), PAD, dtype=np.int32)  # no children: every node is a leaf
+    flat[:, 0] = -1
+    u = None
+    if uniforms is not None:
+        u = mx.stack([mx.zeros_like(uniforms), uniforms.astype(mx.float32)], axis=-1)
+    return verify(logits, tokens=mx.zeros((B, N), mx.int32), parents=flat, uniforms=u,
+                  greedy=uniforms is None, backend=backend).choice
+
+
 def launch(
     kernels, logits, tokens, parents, draft_probs, uniforms, greedy, threads
 ) -> VerifyResult:
@@ -285,7 +336,7 @@ def launch(
     sources differ.
     """
     B, N, V = logits.shape
-    parents = mx.array(parents, dtype=mx.int32) if not isinstance(parents, mx.array) else parents
+    parents = mx.array(_per_row(np.asarray(parents), B))  # (B, N): the kernels read per row
     has_q = draft_probs is not None and not greedy
     if not greedy and uniforms is None:
         raise ValueError("sampling verification needs uniforms (see draw_uniforms)")

@@ -107,7 +107,7 @@ NODE_SOURCE = """
   if (tid == 0) {
     int n = 0;
     for (int j = c + 1; j < N && n < MAXS; ++j) {
-      if (parents[j] == c) { kid_j[n] = j; kid_x[n] = tokens[b * N + j]; ++n; }
+      if (parents[b * N + j] == c) { kid_j[n] = j; kid_x[n] = tokens[b * N + j]; ++n; }
     }
     n_kids[0] = n;
   }

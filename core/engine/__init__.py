@@ -1,19 +1,16 @@
 """The speculative engine: a library with no service dependencies (no Celery, no SQL)."""
 
-from .costs import CostCurve, measure_verify_curve
-from .generate import Engine, GenerationResult, parse_draft_spec
+from .costs import CostSurface, load_or_measure, measure_surface
 from .loading import load_model
 from .model import LoadedModel, ModelError
 from .sampling import GenerationParams
 
 __all__ = [
-    "CostCurve",
-    "Engine",
+    "CostSurface",
     "GenerationParams",
-    "GenerationResult",
     "LoadedModel",
     "ModelError",
     "load_model",
-    "measure_verify_curve",
-    "parse_draft_spec",
+    "load_or_measure",
+    "measure_surface",
 ]

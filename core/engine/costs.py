@@ -1,74 +1,213 @@
-"""The machine's verify-cost curve: how long the target takes to forward w tokens at once.
+"""The machine's verify-cost surface: how long one forward of B rows x W tokens takes.
 
-Speculation pays only where verifying w tokens costs much less than w single steps. The
-curve is measured, not assumed: on this 2-core CPU (float32 + OpenBLAS) 8 tokens cost ~1.7x
-one token; on an H200 32 tokens cost about one. Draft length and tree size are chosen from it.
+Speculation in a batch pays only where verifying more tokens per row costs less than it
+returns, and that depends on the batch size: on an H200 a 135M model costs about the same
+for 1 or 32 tokens per row at small batches (latency-bound), on a 2-core CPU the extra
+tokens are nearly free only until the matmuls stop being bound by reading the weights.
+So the cost is measured on this machine, at (batch size, tokens per row), once per machine
+and model, and kept under the data directory (`APPLESPEC_HOME`); every draft length and
+batch size is chosen from it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from .forward import forward, make_cache, trim
+from .cache import BatchKVCache
+from .scorer import Segment, forward
 
-WIDTHS = (1, 2, 4, 8, 16)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+GPU_BATCHES = (*BATCHES, 128, 256)
+WIDTHS = (1, 2, 4, 8)
+CONTEXT = 128
 
 
 @dataclass
-class CostCurve:
-    """Milliseconds to verify w tokens, interpolated between the measured widths."""
+class CostSurface:
+    """Milliseconds of one forward of B rows x W tokens, interpolated between the grid.
 
+    Attributes:
+        batches: measured batch sizes (increasing).
+        widths: measured tokens per row (increasing).
+        ms: (len(batches), len(widths)) milliseconds.
+    """
+
+    batches: tuple[int, ...]
     widths: tuple[int, ...]
-    ms: tuple[float, ...]
+    ms: tuple[tuple[float, ...], ...]
 
-    def __call__(self, w: int) -> float:
-        ws, ms = self.widths, self.ms
-        if w <= ws[0]:
-            return ms[0]
-        i = next((j for j in range(1, len(ws)) if w <= ws[j]), len(ws) - 1)
-        # Linear between measured widths; beyond the last one, the last slope continues.
-        return ms[i - 1] + (ms[i] - ms[i - 1]) * (w - ws[i - 1]) / (ws[i] - ws[i - 1])
+    def __call__(self, rows: int, tokens: float) -> float:
+        """Milliseconds for `rows` rows and `tokens` tokens in all (tokens / rows per row)."""
+        return float(self.at(rows)(np.asarray([tokens], float))[0])
 
-    def relative(self, w: int) -> float:
-        """Cost of verifying w tokens in units of one plain decoding step."""
-        return self(w) / self.ms[0]
+    def at(self, rows: int):
+        """The cost in ms of `rows` rows as a function of (T,) total token counts."""
+        rows = max(rows, 1)
+        grid = np.asarray(self.ms)
+        i, j, f = _interp_axis(np.log2(np.asarray(self.batches, float)), np.log2(rows))
+        per_width = (1 - f) * grid[i] + f * grid[j]
+        # Beyond the measured range the last slope continues (linear in rows / width).
+        scale = rows / self.batches[-1] if rows > self.batches[-1] else 1.0
+        ws = np.asarray(self.widths, float)
+
+        def cost(tokens: np.ndarray) -> np.ndarray:
+            return _interp_linear(ws, per_width, np.maximum(tokens / rows, 1.0)) * scale
+
+        return cost
+
+    def relative(self, rows: int, tokens: float) -> float:
+        """Cost in units of one plain step (one token per row) at this batch size."""
+        return self(rows, tokens) / self(rows, rows)
+
+    def plain_throughput(self, rows: int) -> float:
+        """Tokens per millisecond of plain decoding at `rows` rows."""
+        return rows / self(rows, rows)
+
+    def best_batch(self, limit: int, within: float = 0.05) -> int:
+        """The smallest batch size whose plain throughput is within `within` of the best
+        measured one (more rows cost memory and latency for little gain)."""
+        sizes = [b for b in self.batches if b <= limit] or [self.batches[0]]
+        best = max(self.plain_throughput(b) for b in sizes)
+        return next(b for b in sizes if self.plain_throughput(b) >= (1 - within) * best)
 
     @classmethod
-    def flat(cls) -> CostCurve:
-        """An accelerator-like curve (width is free): for tests and as a GPU prior."""
-        return cls(WIDTHS, tuple(1.0 for _ in WIDTHS))
+    def flat(cls) -> CostSurface:
+        """An accelerator-like surface (width and rows are free): for tests."""
+        return cls(BATCHES, WIDTHS, tuple(tuple(1.0 for _ in WIDTHS) for _ in BATCHES))
+
+    def to_json(self) -> dict:
+        return {"batches": list(self.batches), "widths": list(self.widths), "ms": [list(r) for r in self.ms]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CostSurface:
+        return cls(tuple(d["batches"]), tuple(d["widths"]), tuple(tuple(r) for r in d["ms"]))
 
 
-def measure_verify_curve(
+def _interp_axis(xs: np.ndarray, x: float) -> tuple[int, int, float]:
+    if x <= xs[0]:
+        return 0, 0, 0.0
+    if x >= xs[-1]:
+        return len(xs) - 1, len(xs) - 1, 0.0
+    j = int(np.searchsorted(xs, x))
+    return j - 1, j, float((x - xs[j - 1]) / (xs[j] - xs[j - 1]))
+
+
+def _interp_linear(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Piecewise linear in x; past the last point the last slope continues."""
+    out = np.interp(x, xs, ys)
+    if len(xs) > 1:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), out)
+    return out
+
+
+def measure_surface(
     model: nn.Module,
+    batches: Sequence[int] = BATCHES,
     widths: Sequence[int] = WIDTHS,
-    context: int = 128,
-    repeats: int = 3,
-) -> CostCurve:
-    """Time the target forwarding w tokens after a `context`-token prefix (best of repeats,
-    made non-decreasing in w)."""
+    context: int = CONTEXT,
+    repeats: int = 2,
+    progress=lambda s: None,
+) -> CostSurface:
+    """Time forwards of B rows x W tokens after a `context`-token prefix per row (best of
+    `repeats`, made non-decreasing in W and in B)."""
     vocab = model.model.embed_tokens.weight.shape[0]
-    cache = make_cache(model)
-    prefix = mx.random.randint(0, vocab, (1, context), key=mx.random.key(0))
-    mx.eval(forward(model, prefix, cache))
-    out = []
-    for w in widths:
-        toks = mx.random.randint(0, vocab, (1, w), key=mx.random.key(w))
-        mx.eval(forward(model, toks, cache))  # warm-up for this shape
-        trim(cache, w)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            mx.eval(forward(model, toks, cache))
-            times.append(time.perf_counter() - t0)
-            trim(cache, w)
-        out.append(1000 * min(times))  # the least-disturbed run: other load only adds time
-    # Verifying more tokens never costs less; noise must not make the curve dip.
-    for i in range(1, len(out)):
-        out[i] = max(out[i], out[i - 1])
-    return CostCurve(tuple(widths), tuple(out))
+    layers = len(model.model.layers)
+    grid = []
+    for b in batches:
+        progress(f"verify cost at batch {b}")
+        cache = BatchKVCache(layers, b)
+        rows = list(range(b))
+        prefix = np.random.default_rng(0).integers(0, vocab, (b, context)).tolist()
+        mx.eval(forward(model, cache, [Segment(rows, prefix, logits="none")]))
+        cache.lengths[:] = context
+        row = []
+        for w in widths:
+            toks = np.random.default_rng(w).integers(0, vocab, (b, w)).tolist()
+            seg = [Segment(rows, toks)]
+            mx.eval(forward(model, cache, seg))  # warm-up for this shape
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                mx.eval(forward(model, cache, seg))
+                best = min(best, time.perf_counter() - t0)
+            row.append(1000 * best)  # the least-disturbed run: other load only adds time
+        grid.append(row)
+        del cache
+    g = np.maximum.accumulate(np.maximum.accumulate(np.asarray(grid), axis=1), axis=0)
+    return CostSurface(tuple(batches), tuple(widths), tuple(tuple(map(float, r)) for r in g))
+
+
+def data_dir() -> Path:
+    """`APPLESPEC_HOME`, default the per-user data directory (`$XDG_DATA_HOME/applespec`)."""
+    if env := os.environ.get("APPLESPEC_HOME"):
+        return Path(env).expanduser()
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "applespec"
+
+
+def machine_key(model_name: str, weight_format: str) -> str:
+    """What a measured surface is valid for: the model, its weights, this device and host."""
+    parts = [
+        model_name,
+        weight_format,
+        str(mx.default_device()),
+        platform.machine(),
+        platform.processor() or _cpu_model(),
+        str(os.cpu_count()),
+        mx.__version__,
+        os.environ.get("OPENBLAS_CORETYPE", ""),
+        "1" if "libopenblas" in _maps() else "0",
+    ]
+    if mx.default_device() == mx.gpu and mx.cuda.is_available():
+        parts.append("cuda")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _maps() -> str:
+    try:
+        return Path("/proc/self/maps").read_text()
+    except OSError:
+        return ""
+
+
+def load_or_measure(
+    model: nn.Module, model_name: str, weight_format: str, progress=lambda s: None
+) -> CostSurface:
+    """The surface kept for this machine and model, measured (and kept) when missing."""
+    path = data_dir() / "costs" / f"{machine_key(model_name, weight_format)}.json"
+    try:
+        return CostSurface.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    on_gpu = mx.default_device() == mx.gpu
+    surface = measure_surface(model, GPU_BATCHES if on_gpu else BATCHES, progress=progress)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model": model_name, **surface.to_json()}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only data directory: measured again next time
+    return surface

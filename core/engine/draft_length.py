@@ -1,33 +1,45 @@
-"""How many tokens to draft next: fixed k, or adaptive k bounded by the verify-cost curve.
+"""How many tokens each row of a batch drafts next, from measured acceptance and cost.
 
-Adaptive: the drafter's acceptance is measured per draft position, h_j = P(token j accepted |
-tokens 1..j-1 accepted), not assumed to be one rate for every position: a copy from the
-prompt that survives its first token usually survives many more (measured on the repo's
-extraction prompts: ~0.5 for the first n-gram token, ~0.8 after it), which a single
-geometric rate cannot express. Every step takes the k that maximizes expected tokens per
-unit of time, E(k) / (cost(k + 1) + k * draft_cost), with E(k) = 1 + sum_j prod_{i<=j} h_i.
-A position is only measured when drafted, so after a fully accepted draft the next one goes
-one token deeper than that (grow on full acceptance) while drafting pays at all; early
-rejections lower the first positions' rates, so k shrinks; when no k beats plain decoding
-nothing is drafted, with a re-probe every few steps so a drafter can earn its way back.
+Acceptance is measured per drafter and per draft position, h_j = P(token j accepted | tokens
+1..j-1 accepted), not assumed to be one rate for every position: a copy from the prompt that
+survives its first token usually survives many more (~0.5 for the first n-gram token, ~0.8
+after it on extraction prompts), which one geometric rate cannot express. Drafting token j
+of a row then gains prod_{i<=j} h_i expected tokens.
 
-The counts live in `AcceptanceStats`. An engine keeps one per drafter across requests, and
-each request starts from its rates as a light prior (`CARRY_WEIGHT` observations per
-position): a job's later prompts start from what its earlier ones measured, yet one prompt's
-own evidence outweighs it within a few steps (prompt lookup pays on a copy task and not on a
-story in the same job).
+A batch step costs C(B, T): the measured surface at B rows and T tokens in all (costs.py),
+plus each model drafter's sequential steps. `allocate` takes the draft tokens of all rows
+in order of their gain and keeps the prefix with the most expected tokens per unit of
+time, so rows speculate only where the gain beats the cost at this batch size and the
+others verify one token. A position is only measured when drafted; beyond the measured ones
+the prior's last rate stands in (optimistic enough to try one deeper). When nothing pays, a
+row re-probes with one token every `PROBE_EVERY` steps so a drafter can earn its way back;
+fresh statistics get `WARMUP` proposals at `K_INIT` before the cost model decides.
+
+An engine keeps one `AcceptanceStats` per drafter across requests; each request starts from
+its rates as a light prior (`CARRY_WEIGHT` observations per position), so a job's later
+prompts start from what its earlier ones measured, yet one prompt's own evidence outweighs
+it within a few steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from .costs import CostCurve
+import numpy as np
+
+from .costs import CostSurface
 
 K_MAX = 16
 PROBE_EVERY = 8
 CARRY_WEIGHT = 2.0
-WARMUP = 2  # proposals at k_init before the cost model may decide (fresh statistics only)
+WARMUP = 2  # proposals at K_INIT before the cost model may decide (fresh statistics only)
+K_INIT = 4
+
+# Priors by drafter kind: prompt lookup's first token is a coin flip on free-form text; a
+# draft model sharing the tokenizer usually agrees (mlx-lm's own speculative decoding takes
+# 61-84% of the Qwen 1.5B's tokens from the 0.5B).
+PRIORS = {"ngram": (0.5, 0.7, 0.8), "model": (0.7, 0.75, 0.8), "early-exit": (0.3, 0.5, 0.6)}
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -37,35 +49,12 @@ def expected_tokens(k: int, a: float) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def plan(
-    expected: Sequence[float], cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0
-) -> tuple[int, float]:
-    """The k in [0, k_max] with the most expected tokens per unit time, and that rate.
-
-    `expected[k]` is the expected number of tokens one verify step emits when k are drafted;
-    `draft_cost` is the cost of drafting one token in units of one plain step. k = 0 (rate
-    1.0: plain decoding) when no draft length beats it.
-    """
-    best, best_rate = 0, 1.0  # plain decoding: 1 token per unit
-    for k in range(1, min(k_max, len(expected) - 1) + 1):
-        rate = expected[k] / (cost.relative(k + 1) + k * draft_cost)
-        if rate > best_rate * 1.0001:
-            best, best_rate = k, rate
-    return best, best_rate
-
-
-def best_k(a: float, cost: CostCurve, k_max: int = K_MAX, draft_cost: float = 0.0) -> int:
-    """The k of `plan` at one acceptance rate `a` for every position."""
-    return plan([expected_tokens(k, a) for k in range(k_max + 1)], cost, k_max, draft_cost)[0]
-
-
 class AcceptanceStats:
     """Per-position acceptance counts of one drafter, with a prior.
 
     `hits[j] / tries[j]` estimates h_{j+1}: the chance that draft token j+1 is accepted given
-    that tokens 1..j were. Beyond the last prior entry the last one repeats. `max_weight`
-    bounds each position's tries: older observations fade (scaled down) so the estimate
-    follows a drift in the job's prompts.
+    that tokens 1..j were. `max_weight` bounds each position's tries: older observations fade
+    (scaled down) so the estimate follows a drift in the job's prompts.
     """
 
     def __init__(
@@ -84,13 +73,14 @@ class AcceptanceStats:
         """h_{j+1}: acceptance of draft position j (0-based) given the earlier ones."""
         return self.hits[j] / self.tries[j]
 
+    def gains(self, k: int | None = None) -> np.ndarray:
+        """(k,) expected tokens gained by drafting position j: prod_{i<=j} h_i."""
+        k = len(self.hits) if k is None else min(k, len(self.hits))
+        return np.cumprod([self.rate(j) for j in range(k)])
+
     def expected(self) -> list[float]:
         """E(k) for k = 0..k_max: tokens per verify step, bonus included."""
-        out, survive = [1.0], 1.0
-        for j in range(len(self.hits)):
-            survive *= self.rate(j)
-            out.append(out[-1] + survive)
-        return out
+        return [1.0, *(1.0 + np.cumsum(self.gains())).tolist()]
 
     def as_prior(self, weight: float) -> AcceptanceStats:
         """Fresh statistics whose prior is these rates at `weight` observations per position."""
@@ -113,82 +103,107 @@ class AcceptanceStats:
                 self.hits[j] *= scale
 
 
-# Priors by drafter kind: prompt lookup's first token is a coin flip on free-form text; a
-# draft model sharing the tokenizer usually agrees (mlx-lm's own speculative decoding takes
-# 61-84% of the Qwen 1.5B's tokens from the 0.5B, measured in the issue).
-PRIORS = {"ngram": (0.5, 0.7, 0.8), "model": (0.7, 0.75, 0.8), "early-exit": (0.3, 0.5, 0.6)}
+class RowPolicy:
+    """One row's statistics for one drafter: its own (seeded from the engine's carried ones)
+    and the carried ones it also observes into, plus its probing schedule."""
+
+    def __init__(self, carried: AcceptanceStats):
+        self.carried = carried
+        self.stats = carried.as_prior(CARRY_WEIGHT)
+        self.idle = 0  # steps since this drafter last drafted for the row
+
+    def warming(self) -> bool:
+        return self.stats.updates < WARMUP
+
+    def probe_due(self) -> bool:
+        return self.idle >= PROBE_EVERY
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            self.idle += 1
+            return
+        self.idle = 0
+        self.stats.observe(proposed, accepted)
+        self.carried.observe(proposed, accepted)
 
 
-class FixedK:
-    def __init__(self, k: int):
-        self.k = k
+@dataclass
+class Offer:
+    """What one row can draft this step with its chosen drafter.
 
-    def next(self) -> int:
-        return self.k
-
-    def promise(self) -> float:
-        return 0.0  # unknown: a fixed length keeps the candidates' order
-
-    def update(self, proposed: int, accepted: int) -> None:
-        pass
-
-
-class AdaptiveK:
-    """Adaptive draft length for one drafter, from its per-position acceptance statistics.
-
-    Args:
-        cost: the machine's verify-cost curve.
-        stats: the drafter's acceptance counts carried across requests by the engine; this
-            request observes into them and into its own copy (`as_prior(CARRY_WEIGHT)`),
-            from which k is chosen.
-        draft_cost: cost of drafting one token, in units of one plain step.
-        k_init: the length of the first `WARMUP` proposals while `stats` has no observations
-            yet, so a drafter whose prior is pessimistic still gets measured.
+    Attributes:
+        gains: expected tokens gained by each further draft node, in order (decreasing).
+        group: the model drafter whose sequential steps it shares (None for lookups).
+        forced: nodes drafted whatever the cost (warm-up or probe).
     """
 
-    def __init__(
-        self,
-        cost: CostCurve,
-        stats: AcceptanceStats | None = None,
-        k_max: int = K_MAX,
-        draft_cost: float = 0.0,
-        k_init: int = 4,
-    ):
-        self.cost = cost
-        self.carried = stats if stats is not None else AcceptanceStats(k_max=k_max)
-        self.stats = self.carried.as_prior(CARRY_WEIGHT) if stats is not None else self.carried
-        self.k_max = min(k_max, len(self.stats.hits))
-        self.draft_cost = draft_cost
-        self.k_init = min(k_init, self.k_max)
-        self._idle = 0
-        self._grow = 0  # after a fully accepted draft of k tokens: k + 1
+    gains: np.ndarray
+    group: str | None = None
+    forced: int = 0
 
-    def _plan(self) -> tuple[int, float]:
-        return plan(self.stats.expected(), self.cost, self.k_max, self.draft_cost)
 
-    @property
-    def cap(self) -> int:
-        """The k the cost model picks (0 = drafting does not pay)."""
-        return self._plan()[0]
+def allocate(
+    offers: list[Offer],
+    surface: CostSurface,
+    step_costs: dict[str, float] | None = None,
+) -> list[int]:
+    """Draft nodes per row maximizing expected tokens per unit of time for the whole step.
 
-    def promise(self) -> float:
-        """Expected tokens per unit of time at the best k (1.0 = no better than plain)."""
-        return self._plan()[1]
+    Args:
+        offers: one per decoding row.
+        surface: the verify-cost surface (the step's cost at B rows and T tokens).
+        step_costs: per model drafter, one of its drafting steps over its rows, in units of
+            one plain target step of this batch.
 
-    def next(self) -> int:
-        if self.stats.updates < WARMUP:
-            return self.k_init
-        k = self.cap
-        if k == 0:  # drafting does not pay: probe now and then, never grow from a probe
-            self._idle += 1
-            return 0 if self._idle % PROBE_EVERY else 1
-        return max(k, self._grow)
+    Returns:
+        ks: nodes to draft per row (never more than its offer).
+    """
+    B = len(offers)
+    if B == 0:
+        return []
+    step_costs = step_costs or {}
+    forced = [min(o.forced, len(o.gains)) for o in offers]
+    groups = sorted({o.group for o in offers if o.group is not None})
+    gid = {g: i for i, g in enumerate(groups)}
+    # Candidate increments beyond the forced ones: (gain, row, depth, group index).
+    gain, row, depth, grp = [], [], [], []
+    for r, o in enumerate(offers):
+        n = len(o.gains) - forced[r]
+        if n > 0:
+            gain.append(o.gains[forced[r] :])
+            row.append(np.full(n, r))
+            depth.append(np.arange(forced[r] + 1, len(o.gains) + 1))
+            grp.append(np.full(n, gid[o.group] if o.group is not None else -1))
+    base_gain = float(sum(o.gains[: f].sum() for o, f in zip(offers, forced, strict=True)))
+    base_steps = np.zeros(len(groups))
+    for o, f in zip(offers, forced, strict=True):
+        if o.group is not None:
+            base_steps[gid[o.group]] = max(base_steps[gid[o.group]], f)
+    unit = np.array([step_costs.get(g, 0.0) for g in groups])
 
-    def update(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
-            return
-        self._idle = 0
-        self._grow = min(proposed + 1, self.k_max) if accepted == proposed else 0
-        self.stats.observe(proposed, accepted)
-        if self.carried is not self.stats:
-            self.carried.observe(proposed, accepted)
+    at = surface.at(B)
+    plain = float(at(np.array([B], float))[0])
+
+    def cost(tokens: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        verify = at(tokens.astype(float)) / plain
+        return verify + (steps * unit).sum(axis=-1) if len(groups) else verify
+
+    T0 = B + sum(forced)
+    best_m, best_rate = 0, (B + base_gain) / cost(np.array([T0]), base_steps[None])[0]
+    ks = list(forced)
+    if gain:
+        g = np.concatenate(gain)
+        order = np.argsort(-g, kind="stable")
+        rw, dp, gp = (np.concatenate(a)[order] for a in (row, depth, grp))
+        g = g[order]
+        cum = np.cumsum(g)
+        steps = np.repeat(base_steps[None], len(g), axis=0)
+        for i, _ in enumerate(groups):
+            steps[:, i] = np.maximum(base_steps[i], np.maximum.accumulate(np.where(gp == i, dp, 0)))
+        rates = (B + base_gain + cum) / cost(T0 + np.arange(1, len(g) + 1), steps)
+        m = int(np.argmax(rates))
+        if rates[m] > best_rate * 1.0001:
+            best_m = m + 1
+        for r in rw[:best_m]:
+            ks[r] += 1
+    return ks

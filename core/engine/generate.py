@@ -1,38 +1,50 @@
-"""The engine: draft -> verify -> accept -> roll back, one request at a time.
+"""The engine: continuous batches of requests, speculating per row.
 
-Each verify step forwards [last committed token, draft tokens...] through the target (or,
-for early exit, only layers >= L from the draft's own hidden states), lets the acceptance
-routine keep a prefix and pick the next token, and trims the rejected positions from the
-cache. One host sync per verify step. `none` uses mlx-lm's double-buffered loop instead.
+A `Batch` holds up to `capacity` rows in one KV cache with per-row lengths. Each `step()`:
+
+1. admits queued requests into free rows (within the KV budget);
+2. drafts for the decoding rows: lookups offer their tokens, the policy (draft_length.py)
+   picks each row's draft length from its measured acceptance and the machine's cost
+   surface at this batch size, model drafters then draft exactly that many;
+3. runs one target forward over every decoding row ([pending token, draft nodes...]) and
+   the next chunk of the joining rows' prompts (scorer.py);
+4. computes the target's own token after every node on the device (sampling.choose) and
+   syncs once; while the device works, the host finishes the rows of the previous step;
+5. keeps, per row, the draft nodes that equal the target's tokens plus the next token
+   (acceptance.py), lowers each row's cache length past what it rejected (a tree keeps its
+   accepted path by a gather) and retires rows that hit EOS or max_tokens.
+
+Greedy rows reproduce plain greedy decoding and sampled rows plain seeded sampling, token
+for token, whatever the drafter and whichever rows share the batch (up to floating-point
+rounding, which depends on how many rows share a matmul; see the bench's gap check).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.generate import generation_stream
 
-from .acceptance import accept, accept_tree
-from .costs import CostCurve, measure_verify_curve
-from .draft_length import PRIORS, AcceptanceStats, AdaptiveK, FixedK
-from .drafters.auto import AutoDrafter, Scheduled
-from .drafters.base import Draft
-from .drafters.draft_model import DraftModelDrafter
-from .drafters.early_exit import EarlyExitDrafter
-from .drafters.ngram import NgramDrafter, TextIndex
-from .drafters.tree import TreeDrafter
-from .forward import embed, forward, last_logits, lm_head, make_cache, run_layers, trim
+from . import drafters as registry
+from .acceptance import walk
+from .cache import BatchKVCache
+from .costs import CostSurface, load_or_measure
+from .draft_length import K_INIT, K_MAX, PRIORS, AcceptanceStats, Offer, RowPolicy, allocate
+from .drafters.base import Draft, Drafter
 from .loading import load_model
-from .metrics import Phase, RequestMetrics
+from .metrics import RequestMetrics
 from .model import LoadedModel
-from .sampling import GenerationParams, KeyStream, log_target, make_draft_sampler
-from .tree import TokenTree, parse_shape
-from .tree_forward import check_supported, compact, tree_forward
+from .sampling import GenerationParams, choose, row_seed
+from .scorer import Segment, check_supported, forward
+from .sequence import Sequence
 
-PREFILL_CHUNK = 512
-DRAFTERS = "none | ngram | early-exit:L | draft-model:NAME | auto | tree | tree:3,2,1"
+DEFAULT_BATCH_LIMIT = 64  # rows at most when the batch size is chosen from the surface
 
 
 @dataclass
@@ -43,40 +55,34 @@ class GenerationResult:
     prompt_tokens: int
     speculative: dict
     timing: dict
+    tag: Any = None
 
 
 def parse_draft_spec(spec: str) -> tuple[str, str | None]:
     """`early-exit:8` -> ("early-exit", "8"). Raises ValueError naming the valid forms."""
-    kind, _, arg = spec.partition(":")
-    if kind in ("none", "ngram", "auto", "tree") and not arg:
-        return kind, None
-    if kind == "early-exit" and arg.isdigit():
-        return kind, arg
-    if kind == "draft-model" and arg:
-        return kind, arg
-    if kind == "tree" and arg:
-        parse_shape(arg)  # tree:3,2,1 = static branching per depth (needs a draft model)
-        return kind, arg
-    raise ValueError(f"unknown drafter {spec!r}; expected one of: {DRAFTERS}")
+    entry, arg = registry.parse(spec)
+    return entry.name, arg
 
 
 class Engine:
-    """A resident target model that generates with speculative decoding.
+    """A resident target model that generates batches with speculative decoding.
 
     Args:
         target: the model whose output distribution is reproduced exactly.
-        draft: drafter spec (`none`, `ngram`, `early-exit:L`, `draft-model:NAME`, `auto`).
-        k: fixed draft length; None = adaptive (bounded by the measured verify-cost curve).
-        draft_model: the loaded model for `draft-model:NAME` (loaded by name if omitted);
-            with `auto` it joins the n-gram drafter as a fallback.
-        cost: the verify-cost curve; measured on first use if omitted.
-        draft_cost: one draft-model token in units of one target step; measured on first
-            use if omitted.
+        draft: drafter spec (drafters.forms()).
+        k: fixed draft length; None = chosen per row and step from measured acceptance.
+        draft_model: the model for `draft-model:NAME` (loaded by name if omitted); with
+            `auto` or `tree` it joins prompt lookup.
+        surface: the verify-cost surface; kept under APPLESPEC_HOME, measured once per
+            machine and model when missing.
+        draft_cost: one draft-model step in units of one plain target step at the same
+            batch size; None = from both models' measured surfaces.
+        batch_size: rows per batch; None = chosen from the surface.
+        max_kv_bytes: KV cache budget of a batch (None = no cap beyond memory).
+        prefill_tokens: prompt tokens prefilled per step while other rows decode.
         profile: evaluate at phase boundaries so draft/verify/accept/cache times are exact
-            (a few extra host syncs per step); off, those phases are reported as null.
-        double_buffer: for `none`, queue the next step before reading the current token
-            (mlx-lm's loop); False runs plain decoding through the speculative loop instead,
-            which is how the bench measures what double-buffering buys.
+            (a few extra syncs per step); off, the device time shows up in accept_s.
+        overlap: finish the previous step's rows while the device runs the current forward.
     """
 
     def __init__(
@@ -85,251 +91,609 @@ class Engine:
         draft: str = "auto",
         k: int | None = None,
         draft_model: LoadedModel | None = None,
-        cost: CostCurve | None = None,
+        surface: CostSurface | None = None,
         draft_cost: float | None = None,
-        profile: bool = True,
-        double_buffer: bool = True,
+        batch_size: int | None = None,
+        max_kv_bytes: int | None = None,
+        prefill_tokens: int | None = None,
+        profile: bool = False,
+        overlap: bool = True,
+        progress: Callable[[str], None] = lambda s: None,
     ):
-        self.kind, self.arg = parse_draft_spec(draft)
+        entry, arg = registry.parse(draft)
         if k is not None and k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        if self.kind == "early-exit":
-            EarlyExitDrafter(target.model, [], int(self.arg))  # validates the layer now
-        if self.kind == "tree":
-            check_supported(target.model)
-            if self.arg and draft_model is None:
-                raise ValueError("a static tree shape (tree:3,2,1) needs a draft model")
-        if self.kind == "draft-model" and draft_model is None:
-            draft_model = load_model(self.arg)
-        if draft_model is not None and draft_model.vocab_size != target.vocab_size:
-            raise ValueError(
-                f"draft model {draft_model.name} has vocabulary {draft_model.vocab_size}, "
-                f"target {target.name} has {target.vocab_size}: they must share a tokenizer"
-            )
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        check_supported(target.model)
+        if entry.name == "early-exit":
+            n = target.num_layers
+            if not 0 < int(arg) < n:
+                raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
+        if entry.name == "draft-model" and draft_model is None:
+            draft_model = load_model(arg)
+        if entry.name == "tree" and arg and draft_model is None:
+            raise ValueError("a static tree shape (tree:3,2,1) needs a draft model")
+        if draft_model is not None:
+            check_supported(draft_model.model)
+            if draft_model.vocab_size != target.vocab_size:
+                raise ValueError(
+                    f"draft model {draft_model.name} has vocabulary {draft_model.vocab_size}, "
+                    f"target {target.name} has {target.vocab_size}: they must share a tokenizer"
+                )
         self.target = target
         self.draft_spec = draft
+        self.entry, self.arg = entry, arg
         self.k = k
         self.draft_model = draft_model
-        self._cost = cost
+        self._surface = surface
+        self._draft_surface: CostSurface | None = None
         self._draft_cost = draft_cost
+        self._batch_size = batch_size
+        self.max_kv_bytes = max_kv_bytes
+        on_gpu = mx.default_device() == mx.gpu
+        self.prefill_tokens = prefill_tokens or (2048 if on_gpu else 256)
         self.profile = profile
-        self.double_buffer = double_buffer
+        self.overlap = overlap
+        self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
 
     @classmethod
-    def load(
-        cls, model: str = "smollm2-135m", draft: str = "auto", k: int | None = None, **kw
-    ) -> Engine:
-        parse_draft_spec(draft)  # fail on a bad spec before loading anything
-        return cls(load_model(model), draft=draft, k=k, **kw)
+    def load(cls, model: str = "smollm2-135m", draft: str = "auto", **kw) -> Engine:
+        registry.parse(draft)  # fail on a bad spec before loading anything
+        return cls(load_model(model), draft=draft, **kw)
 
     @property
-    def draft_cost(self) -> float:
-        """One draft-model token in units of one target step, measured here: a small model
-        is not proportionally faster everywhere (on an H200 both are latency-bound)."""
-        if self._draft_cost is None:
+    def surface(self) -> CostSurface:
+        if self._surface is None:
             with mx.stream(generation_stream):
-                ms = measure_verify_curve(self.draft_model.model, widths=(1,)).ms[0]
-            self._draft_cost = ms / self.cost.ms[0]
-        return self._draft_cost
+                t = self.target
+                self._surface = load_or_measure(t.model, t.name, t.weight_format, self.progress)
+        return self._surface
 
     @property
-    def cost(self) -> CostCurve:
-        if self._cost is None:
+    def draft_surface(self) -> CostSurface:
+        if self._draft_surface is None:
+            d = self.draft_model
             with mx.stream(generation_stream):
-                self._cost = measure_verify_curve(self.target.model)
-        return self._cost
+                self._draft_surface = load_or_measure(d.model, d.name, d.weight_format, self.progress)
+        return self._draft_surface
 
-    # -- drafters -------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        if self._batch_size is None:
+            self._batch_size = self.surface.best_batch(DEFAULT_BATCH_LIMIT)
+        return self._batch_size
 
-    def _policy(self, kind: str, draft_cost: float = 0.0):
-        if self.k:
-            return FixedK(self.k)
-        if kind not in self.acceptance:
-            self.acceptance[kind] = AcceptanceStats(PRIORS[kind])
-        return AdaptiveK(self.cost, self.acceptance[kind], draft_cost=draft_cost)
+    def draft_step_cost(self, rows: int, batch: int) -> float:
+        """One draft-model step over `rows` rows, in plain target steps at `batch` rows."""
+        if self._draft_cost is not None:
+            return self._draft_cost
+        return self.draft_surface(rows, rows) / self.surface(batch, batch)
 
-    def _ngram(self) -> NgramDrafter:
-        t = self.target
-        return NgramDrafter(text=TextIndex(t.decode, t.encode_text))
+    def carried(self, drafter: Drafter) -> AcceptanceStats:
+        if drafter.name not in self.acceptance:
+            self.acceptance[drafter.name] = AcceptanceStats(PRIORS.get(drafter.kind, PRIORS["ngram"]))
+        return self.acceptance[drafter.name]
 
-    def _param_share(self, modules) -> float:
-        n = sum(v.size for m in modules for _, v in _leaves(m))
-        return n / sum(v.size for _, v in _leaves(self.target.model))
+    def new_batch(self, capacity: int | None = None) -> Batch:
+        return Batch(self, capacity or self.batch_size)
 
-    def _model_drafter(self, cache) -> Scheduled | None:
-        m = self.target.model
-        if self.kind == "early-exit":
-            L = int(self.arg)
-            share = self._param_share(m.model.layers[:L]) + self._param_share(
-                [m.lm_head if hasattr(m, "lm_head") else m.model.embed_tokens]
-            )
-            return Scheduled(EarlyExitDrafter(m, cache, L), self._policy("early-exit", share))
-        if self.draft_model is not None:
-            drafter = DraftModelDrafter(self.draft_model)
-            return Scheduled(drafter, self._policy("model", self.draft_cost))
-        return None
+    # -- convenience ------------------------------------------------------------------
 
-    def _plan(self, cache):
-        if self.kind == "tree":
-            shape = parse_shape(self.arg) if self.arg else None
-            return TreeDrafter(self.cost, self.draft_model, max_nodes=self.k, shape=shape)
-        if self.kind == "ngram":
-            return Scheduled(self._ngram(), self._policy("ngram"))
-        if self.kind == "auto":
-            cands = [Scheduled(self._ngram(), self._policy("ngram"))]
-            if (md := self._model_drafter(cache)) is not None:
-                cands.append(md)
-            return AutoDrafter(cands)
-        if self.kind == "none":
-            return AutoDrafter([])  # no candidates: every step is a plain step
-        return self._model_drafter(cache)
-
-    # -- generation -----------------------------------------------------------------------
+    def generate(self, prompt: list[int], params: GenerationParams) -> GenerationResult:
+        """One request alone (a batch of one)."""
+        return self.generate_many([(prompt, params)], capacity=1)[0]
 
     def chat(self, messages: list[dict], params: GenerationParams) -> GenerationResult:
         return self.generate(self.target.encode_chat(messages), params)
 
-    def generate(self, prompt: list[int], params: GenerationParams) -> GenerationResult:
-        """Generate a completion of `prompt` (token ids) under `params`."""
+    def generate_many(
+        self,
+        requests: Iterable[tuple[list[int], GenerationParams]],
+        capacity: int | None = None,
+        on_result: Callable[[GenerationResult], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Every request through one continuous batch; results in request order."""
+        batch = self.new_batch(capacity)
+        seqs = [batch.submit(p, params, tag=i) for i, (p, params) in enumerate(requests)]
+        out: list[GenerationResult | None] = [None] * len(seqs)
+        for r in batch.run():
+            out[r.tag] = r
+            if on_result is not None:
+                on_result(r)
+        return out  # type: ignore[return-value]
+
+
+class Batch:
+    """One continuous batch: rows join from a queue, decode, and leave as they finish."""
+
+    def __init__(self, engine: Engine, capacity: int):
+        self.engine = engine
+        self.target = engine.target
+        self.draft_model = engine.draft_model
+        self.capacity = capacity
+        self.cache = BatchKVCache(engine.target.num_layers, capacity)
+        self.rows: list[Sequence | None] = [None] * capacity
+        self.queue: deque[Sequence] = deque()
+        self._draft_model_drafter = None
+        self.drafters: list[Drafter] = engine.entry.build(self, engine.arg)
+        self._done: list[Sequence] = []  # finished last step, results not yet built
+        self.steps = 0
+
+    def draft_model_drafter(self):
+        """This batch's draft-model drafter (one cache row per slot), built once."""
+        if self._draft_model_drafter is None:
+            from .drafters.draft_model import DraftModelDrafter
+
+            e = self.engine
+            self._draft_model_drafter = DraftModelDrafter(
+                e.draft_model, self.capacity, lambda rows: e.draft_step_cost(rows, self.active)
+            )
+        return self._draft_model_drafter
+
+    # -- queue ------------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], params: GenerationParams, tag: Any = None) -> Sequence:
+        """Queue a request; it joins the batch when a row is free."""
         ctx = self.target.context_length
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) >= ctx:
             raise ValueError(f"prompt has {len(prompt)} tokens; the model's context is {ctx}")
-        max_tokens = min(params.max_tokens, ctx - len(prompt))
-        mx.reset_peak_memory()
-        metrics = RequestMetrics(drafter=self.draft_spec, profiled=self.profile)
-        keys = KeyStream(params.seed)
-        with mx.stream(generation_stream):
-            cache = make_cache(self.target.model)
-            logits = self._prefill(prompt, cache)  # (1, V)
-            first = self._sample(logits, params, keys)
-            if self.kind == "none" and self.double_buffer:
-                out, reason = self._plain(first, cache, params, keys, max_tokens, metrics)
-            else:
-                out, reason = self._speculate(
-                    prompt, first, cache, params, keys, max_tokens, metrics
-                )
-        metrics.t_end = time.perf_counter()
-        if self.kind == "none" and self.double_buffer:  # all decode time is verification
-            metrics.phases["verify_s"] = metrics.t_end - metrics.t_first
-        return GenerationResult(
-            tokens=out,
-            text=self.target.decode(out),
-            finish_reason=reason,
-            prompt_tokens=len(prompt),
-            speculative=metrics.speculative(),
-            timing=metrics.timing(len(out)),
+        seq = Sequence(
+            prompt=list(prompt),
+            params=params,
+            max_tokens=min(params.max_tokens, ctx - len(prompt)),
+            seed=row_seed(params),
+            tag=tag,
+            metrics=RequestMetrics(drafter=self.engine.draft_spec, profiled=self.engine.profile),
         )
+        self.queue.append(seq)
+        return seq
 
-    def _prefill(self, prompt: list[int], cache) -> mx.array:
-        model = self.target.model
-        toks = mx.array([prompt], dtype=mx.int32)
-        for i in range(0, len(prompt) - PREFILL_CHUNK, PREFILL_CHUNK):
-            run_layers(model, embed(model, toks[:, i : i + PREFILL_CHUNK]), cache)
-            mx.eval([c.state for c in cache])
-        rest = len(prompt) - (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
-        return last_logits(model, toks[:, -rest:], cache)
+    @property
+    def active(self) -> int:
+        return sum(r is not None for r in self.rows)
 
-    @staticmethod
-    def _sample(logits: mx.array, params: GenerationParams, keys: KeyStream) -> mx.array:
-        """(1, V) logits -> (1,) token under the target distribution."""
-        if params.greedy:
-            return mx.argmax(logits, axis=-1)
-        return mx.random.categorical(log_target(logits, params), key=keys.next())
+    @property
+    def idle(self) -> bool:
+        return not self.queue and self.active == 0 and not self._done
 
-    def _plain(self, y, cache, params, keys, max_tokens, metrics):
-        """Plain decoding, double-buffered like mlx-lm: the next step is queued before the
-        current token is read back."""
-        model, eos = self.target.model, self.target.eos_token_ids
-        out: list[int] = []
-        mx.async_eval(y)
-        while True:
-            last = len(out) + 1 >= max_tokens
-            if not last:
-                nxt = self._sample(forward(model, y[:, None], cache)[:, -1], params, keys)
-                mx.async_eval(nxt)
-            t = y.item()
-            if metrics.t_first is None:
-                metrics.t_first = time.perf_counter()
+    def run(self) -> Iterator[GenerationResult]:
+        """Step until every queued request has finished, yielding results as they do."""
+        while not self.idle:
+            yield from self.step()
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self) -> list[GenerationResult]:
+        """Admit, draft, verify and commit once; the results of rows that finished."""
+        with mx.stream(generation_stream):
+            return self._step()
+
+    def _step(self) -> list[GenerationResult]:
+        eng = self.engine
+        self._admit()
+        prefill = self._prefill_plan()
+        decode = [s for s in self.rows if s is not None and s.decoding]
+        t0 = time.perf_counter()
+        plan = self._draft(decode) if decode else None
+        if eng.profile and plan is not None:
+            mx.eval([d.tokens for d in plan.drafts.values() if isinstance(d.tokens, mx.array)])
+        t1 = time.perf_counter()
+        segments, views = [], []
+        if plan is not None:
+            for seg, view in plan.segments():
+                segments.append(seg)
+                views.append(view)
+        if prefill:
+            segments.append(
+                Segment([s.slot for s, _ in prefill], [c for _, c in prefill], logits="last")
+            )
+        if not segments:
+            return self._results()
+        outs = forward(self.target.model, self.cache, segments)
+        if eng.profile:
+            mx.eval(outs)
+        t2 = time.perf_counter()
+        picks = [self._choices(v, o) for v, o in zip(views, outs, strict=False)]
+        first = None
+        if prefill:
+            first = self._first_tokens(prefill, outs[-1])
+        pending = [*picks, *([first] if first is not None else [])]
+        pending += [d.tokens for d in (plan.drafts.values() if plan else []) if isinstance(d.tokens, mx.array)]
+        mx.async_eval(pending)
+        results = self._results() if eng.overlap else []  # host work while the device runs
+        mx.eval(pending)  # the step's one sync
+        t3 = time.perf_counter()
+        if plan is not None:
+            self._commit(plan, [p.tolist() for p in picks], views)
+        if prefill:
+            self._commit_prefill(prefill, first.tolist() if first is not None else None)
+        t4 = time.perf_counter()
+        if plan is not None:
+            share = 1.0 / len(decode)
+            for s in decode:
+                ph = s.metrics.phases
+                ph["draft_s"] += (t1 - t0) * share
+                ph["verify_s"] += (t2 - t1) * share
+                ph["accept_s"] += (t3 - t2) * share
+                ph["cache_s"] += (t4 - t3) * share
+        self.steps += 1
+        return results if eng.overlap else self._results()
+
+    # -- admission and prefill --------------------------------------------------------
+
+    def _admit(self) -> None:
+        free = [i for i, r in enumerate(self.rows) if r is None]
+        while free and self.queue and self._fits(self.queue[0]):
+            seq = self.queue.popleft()
+            seq.slot = free.pop(0)
+            seq.t_admit = time.perf_counter()
+            seq.metrics.t_start = seq.t_admit
+            self.rows[seq.slot] = seq
+            self.cache.lengths[seq.slot] = 0
+
+    def _fits(self, seq: Sequence) -> bool:
+        budget = self.engine.max_kv_bytes
+        if budget is None or self.active == 0:
+            return True  # one row always runs, whatever the budget
+        per = _bytes_per_position(self.target.model)
+        need = [len(s.prompt) + s.max_tokens + K_MAX + 1 for s in self.rows if s is not None]
+        need.append(len(seq.prompt) + seq.max_tokens + K_MAX + 1)
+        return self.capacity * max(need) * per <= budget
+
+    def _prefill_plan(self) -> list[tuple[Sequence, list[int]]]:
+        budget = self.engine.prefill_tokens
+        plan = []
+        joining = sorted(
+            (s for s in self.rows if s is not None and not s.output and s.finish_reason is None),
+            key=lambda s: s.t_admit,
+        )
+        for s in joining:
+            if budget <= 0:
+                break
+            chunk = s.prompt[s.prefilled : s.prefilled + budget]
+            plan.append((s, chunk))
+            budget -= len(chunk)
+        return plan
+
+    def _first_tokens(self, prefill, logits: mx.array) -> mx.array | None:
+        done = [i for i, (s, c) in enumerate(prefill) if s.prefilled + len(c) == len(s.prompt)]
+        if not done:
+            return None
+        seqs = [prefill[i][0] for i in done]
+        rows = logits[mx.array(done)] if len(done) < len(prefill) else logits
+        pos = np.array([len(s.prompt) for s in seqs])
+        seeds = np.array([s.seed for s in seqs], dtype=np.uint32)
+        return choose(rows, [s.params for s in seqs], seeds, pos)
+
+    def _commit_prefill(self, prefill, first: list[int] | None) -> None:
+        firsts = iter(first or [])
+        now = time.perf_counter()
+        for s, chunk in prefill:
+            s.prefilled += len(chunk)
+            self.cache.lengths[s.slot] += len(chunk)
+            if s.prefilled < len(s.prompt):
+                continue
+            t = next(firsts)
+            s.metrics.t_first = now
+            if t in self.target.eos_token_ids:
+                self._finish(s, "stop")
+                continue
+            s.output.append(t)
+            if len(s.output) >= s.max_tokens:
+                self._finish(s, "length")
+                continue
+            for d in self.drafters:
+                d.admit(s)
+                s.stats[d.name] = RowPolicy(self.engine.carried(d))
+
+    # -- drafting ---------------------------------------------------------------------
+
+    def _draft(self, decode: list[Sequence]) -> StepPlan:
+        eng = self.engine
+        B = len(decode)
+        ctx = self.target.context_length
+        caps = [max(0, min(K_MAX, s.room - 1, ctx - s.cached - 2)) for s in decode]
+        lookups: dict[str, Draft] = {}
+        for d in self.drafters:
+            if d.lookup:
+                lookups[d.name] = d.propose(decode, caps)
+        choice: list[Drafter | None] = [None] * B
+        ks = [0] * B
+        if self.drafters and eng.k is not None:  # fixed k: the first drafter with something
+            for i in range(B):
+                for d in self.drafters:
+                    avail = lookups[d.name].sizes[i] if d.lookup else caps[i]
+                    if avail:
+                        choice[i], ks[i] = d, min(eng.k, avail)
+                        break
+        elif self.drafters:
+            offers = []
+            marginal = max(eng.surface.relative(B, B + 1) - 1.0, 1e-6)
+            costs = {d.name: d.step_cost(B) for d in self.drafters if not d.lookup and eng.k is None}
+            for i, s in enumerate(decode):
+                best, best_rate = None, 1.0
+                for d in self.drafters:
+                    offer = self._offer(d, s, i, lookups, caps[i])
+                    if offer is None:
+                        continue
+                    rate = _alone(offer, marginal, costs.get(d.name, 0.0) / B)
+                    if offer.forced or rate > best_rate:
+                        best, best_rate = (d, offer), (np.inf if offer.forced else rate)
+                if best is None:  # nothing pays: re-probe a due drafter with one token
+                    for d in self.drafters:
+                        pol = s.stats[d.name]
+                        avail = lookups[d.name].sizes[i] if d.lookup else caps[i]
+                        if pol.probe_due() and avail:
+                            best = (d, Offer(pol.stats.gains(1), _group(d), forced=1))
+                            break
+                choice[i] = best[0] if best else None
+                offers.append(best[1] if best else Offer(np.zeros(0)))
+            ks = allocate(offers, eng.surface, costs)
+        drafts: dict[str, Draft] = {}
+        members: dict[str, list[int]] = {}
+        for i, d in enumerate(choice):
+            if d is not None and ks[i] > 0:
+                members.setdefault(d.name, []).append(i)
             else:
-                metrics.record_step("none", 0, 0, 1)
-            if t in eos:
-                return out, "stop"
-            out.append(t)
-            if last:
-                return out, "length"
-            y = nxt
-
-    def _speculate(self, prompt, first, cache, params, keys, max_tokens, metrics):
-        model, eos, profile = self.target.model, self.target.eos_token_ids, self.profile
-        plan = self._plan(cache)
-        sampler = make_draft_sampler(params, keys)
-        t = first.item()
-        metrics.t_first = time.perf_counter()
-        if t in eos:
-            return [], "stop"
-        out, history = [t], list(prompt) + [t]
-        plan.begin(prompt)
-        while len(out) < max_tokens:
-            with Phase(metrics, "draft_s"):
-                draft: Draft = plan.step(history, sampler)
-                if profile:
-                    mx.eval(draft.tokens, draft.hidden, draft.probs)
-            k = draft.length
-            if draft.parents is not None:  # a token tree: drafters/tree.py
-                n, new = self._tree_step(draft, history[-1], cache, params, keys, metrics, plan)
+                choice[i] = None
+        for d in self.drafters:
+            idx = members.get(d.name)
+            if not idx:
+                continue
+            if d.lookup:
+                full = lookups[d.name]
+                sub = Draft(
+                    sizes=[full.sizes[i] for i in idx],
+                    tokens=[full.tokens[i] for i in idx],
+                    parents=None if full.parents is None else [full.parents[i] for i in idx],
+                    chances=None if full.chances is None else [full.chances[i] for i in idx],
+                    source=full.source,
+                )
+                drafts[d.name] = sub.truncate([ks[i] for i in idx])
             else:
-                with Phase(metrics, "verify_s"):
-                    if draft.hidden is not None:
-                        h = run_layers(model, draft.hidden, cache, draft.start_layer)
-                        logits = lm_head(model, h)  # (1, k + 1, V)
-                    else:
-                        inp = mx.concatenate([mx.array([[history[-1]]], mx.int32), draft.tokens], 1)
-                        logits = forward(model, inp, cache)  # (1, k + 1, V)
-                    if profile:
-                        mx.eval(logits)
-                with Phase(metrics, "accept_s"):
-                    n, nxt = accept(logits, draft.tokens, draft.probs, params, keys)
-                    mx.eval(n, nxt, draft.tokens)  # the step's one host sync
-                    n, nxt = n.item(), nxt.item()
-                    new = draft.tokens[0, :n].tolist() + [nxt]
-                with Phase(metrics, "cache_s"):
-                    trim(cache, k - n)
-                    plan.commit(draft, n)
-            metrics.record_step(draft.source, k, n, len(new))
-            for t in new:
+                drafts[d.name] = d.propose([decode[i] for i in idx], [ks[i] for i in idx])
+        return StepPlan(decode, choice, drafts, members, self.drafters)
+
+    def _offer(self, d: Drafter, s: Sequence, i: int, lookups, cap: int) -> Offer | None:
+        pol: RowPolicy = s.stats[d.name]
+        if d.lookup:
+            look = lookups[d.name]
+            n = look.sizes[i]
+            if n == 0:
+                return None
+            gains = np.minimum.accumulate(np.asarray(look.chances[i][:n])) if look.chances else pol.stats.gains(n)
+        else:
+            if cap == 0:
+                return None
+            gains = pol.stats.gains(cap)
+        forced = min(K_INIT, len(gains)) if pol.warming() else 0
+        return Offer(gains, _group(d), forced)
+
+    # -- verification -----------------------------------------------------------------
+
+    def _choices(self, view: SegmentView, logits: mx.array) -> mx.array:
+        """The target's token after every node of a segment (packed, row-major)."""
+        return choose(logits, view.params, view.seeds, view.positions)
+
+    def _commit(self, plan: StepPlan, picks: list[list[int]], views: list[SegmentView]) -> None:
+        eos = self.target.eos_token_ids
+        dev_tokens = {
+            name: d.tokens.tolist() for name, d in plan.drafts.items() if isinstance(d.tokens, mx.array)
+        }
+        # Per row: its choices (k + 1) from the segment it was verified in.
+        row_choice: dict[int, list[int]] = {}
+        for view, pick in zip(views, picks, strict=True):
+            off = 0
+            for i, n in zip(view.index, view.sizes, strict=True):
+                row_choice[i] = pick[off : off + n]
+                off += n
+        paths: dict[str, list[list[int]]] = {name: [] for name in plan.drafts}
+        moves_rows, moves_paths = [], []
+        finished: list[tuple[Sequence, str]] = []
+        B = len(plan.decode)
+        for i, s in enumerate(plan.decode):
+            d = plan.choice[i]
+            draft = plan.drafts.get(d.name) if d is not None else None
+            j = plan.members[d.name].index(i) if draft is not None else -1
+            if draft is not None:
+                k = draft.sizes[j]
+                toks = dev_tokens[d.name][j][:k] if d.name in dev_tokens else draft.host_tokens(j)
+                parents = draft.parents[j][:k] if draft.parents is not None else None
+            else:
+                k, toks, parents = 0, [], None
+            path, nxt = walk(toks, parents, row_choice[i])
+            if draft is not None:
+                paths[d.name].append(path)
+            if parents is not None and path != list(range(len(path))):
+                moves_rows.append(s.slot)
+                moves_paths.append([0] + [p + 1 for p in path])
+            for other in self.drafters:
+                s.stats[other.name].observe(len(toks) if other is d else 0, len(path))
+            emitted = [toks[p] for p in path] + [nxt]
+            s.metrics.record_step(draft.source if draft is not None else "none", k, len(path), len(emitted))
+            s.batch_rows += B
+            self.cache.lengths[s.slot] += 1 + len(path)
+            for t in emitted:
                 if t in eos:
-                    return out, "stop"
-                out.append(t)
-                history.append(t)
-                if len(out) >= max_tokens:
+                    finished.append((s, "stop"))
                     break
-        return out, "length"
+                s.output.append(t)
+                if len(s.output) >= s.max_tokens:
+                    finished.append((s, "length"))
+                    break
+        if moves_rows:  # before the lengths moved on: compact reads them as the base
+            for r, p in zip(moves_rows, moves_paths, strict=True):
+                self.cache.lengths[r] -= len(p)
+            self.cache.compact(moves_rows, moves_paths)
+            for r, p in zip(moves_rows, moves_paths, strict=True):
+                self.cache.lengths[r] += len(p)
+        for name, draft in plan.drafts.items():
+            d = next(x for x in self.drafters if x.name == name)
+            d.commit([plan.decode[i] for i in plan.members[name]], draft, paths[name])
+        for seq, reason in finished:  # after the drafters rolled back their state
+            self._finish(seq, reason)
 
-    def _tree_step(self, draft, root, cache, params, keys, metrics, plan):
-        """Verify a token tree in one forward and keep only the accepted path in the cache."""
-        tree = TokenTree.from_draft(root, draft)
-        with Phase(metrics, "verify_s"):
-            prefix = cache[0].offset
-            logits = tree_forward(self.target.model, tree, cache)  # (1, N, V)
-            if self.profile:
-                mx.eval(logits)
-        with Phase(metrics, "accept_s"):
-            res = accept_tree(logits, tree.tokens, tree.parents, params, keys)
-            mx.eval(res.num_accepted, res.next_token, res.path)  # the step's one host sync
-            n = res.num_accepted.item()
-            path = res.path[0, : n + 1].tolist()
-            new = [tree.tokens[i] for i in path[1:]] + [res.next_token.item()]
-        with Phase(metrics, "cache_s"):
-            compact(cache, prefix, path)
-            plan.commit(draft, n, path)
-        return n, new
+    # -- finishing --------------------------------------------------------------------
+
+    def _finish(self, s: Sequence, reason: str) -> None:
+        s.finish_reason = reason
+        s.metrics.t_end = time.perf_counter()
+        for d in self.drafters:
+            d.retire(s)
+        self.rows[s.slot] = None
+        self.cache.lengths[s.slot] = 0
+        self._done.append(s)
+
+    def _results(self) -> list[GenerationResult]:
+        done, self._done = self._done, []
+        out = []
+        for s in done:
+            timing = s.metrics.timing(len(s.output))
+            steps = s.metrics.verify_steps
+            timing["batch_size"] = round(s.batch_rows / steps, 2) if steps else 1.0
+            timing["engine_wait_s"] = round((s.t_admit or s.t_submit) - s.t_submit, 6)
+            out.append(
+                GenerationResult(
+                    tokens=list(s.output),
+                    text=self.target.decode(s.output),
+                    finish_reason=s.finish_reason,
+                    prompt_tokens=len(s.prompt),
+                    speculative=s.metrics.speculative(),
+                    timing=timing,
+                    tag=s.tag,
+                )
+            )
+        return out
 
 
-def _leaves(module):
-    from mlx.utils import tree_flatten
+@dataclass
+class SegmentView:
+    """Which decoding rows a verify segment holds and how to choose their tokens."""
 
-    return tree_flatten(module.parameters())
+    index: list[int]  # rows of the step's decode list, in segment order
+    sizes: list[int]  # nodes per row (pending token + drafts)
+    params: list[GenerationParams]  # per node
+    seeds: np.ndarray  # (N,) per node
+    positions: np.ndarray  # (N,) absolute position of the token chosen after each node
+
+
+@dataclass
+class StepPlan:
+    """One step's drafting decisions."""
+
+    decode: list[Sequence]
+    choice: list[Drafter | None]
+    drafts: dict[str, Draft]
+    members: dict[str, list[int]]  # drafter name -> rows of `decode` it drafted for
+    drafters: list[Drafter]
+
+    def segments(self) -> Iterator[tuple[Segment, SegmentView]]:
+        """The verify segments: rows from layer 0, then rows whose hidden states enter later."""
+        groups: dict[int, list[int]] = {}
+        start_of = {}
+        for name, draft in self.drafts.items():
+            if draft.hidden is not None:
+                start_of[name] = draft.start_layer
+        for i, d in enumerate(self.choice):
+            start = start_of.get(d.name, 0) if d is not None and i in self.members.get(d.name, []) else 0
+            groups.setdefault(start, []).append(i)
+        for start, idx in sorted(groups.items()):
+            yield self._segment(idx, start)
+
+    def _segment(self, idx: list[int], start: int) -> tuple[Segment, SegmentView]:
+        tokens, parents, sizes = [], [], []
+        dev_src: list[tuple[str, int, int, int]] = []  # (drafter, segment row, its row, k)
+        hidden = []
+        any_tree = False
+        params, seeds, positions = [], [], []
+        for r, i in enumerate(idx):
+            s = self.decode[i]
+            d = self.choice[i]
+            draft = self.drafts.get(d.name) if d is not None else None
+            node_tokens, node_parents, k = [s.pending], [-1], 0
+            if draft is not None:
+                j = self.members[d.name].index(i)
+                k = draft.sizes[j]
+                if isinstance(draft.tokens, mx.array):
+                    node_tokens += [0] * k  # filled on the device below
+                    dev_src.append((d.name, r, j, k))
+                else:
+                    node_tokens += draft.host_tokens(j)
+                if draft.parents is not None:
+                    any_tree = True
+                    node_parents += [p + 1 for p in draft.parents[j][:k]]
+                else:
+                    node_parents += list(range(k))
+                if draft.hidden is not None:
+                    hidden.append((d.name, j))
+            tokens.append(node_tokens)
+            parents.append(node_parents)
+            sizes.append(k + 1)
+            params += [s.params] * (k + 1)
+            seeds += [s.seed] * (k + 1)
+            positions += [len(s.history) + dd for dd in _depths(node_parents)]
+        ids = None
+        if dev_src:  # drafts still on the device: place them into the packed ids
+            w = max(sizes)
+            padded = mx.array(np.array([t + [0] * (w - len(t)) for t in tokens], np.int32))
+            for name in {n for n, *_ in dev_src}:
+                items = [(r, j, k) for n, r, j, k in dev_src if n == name]
+                kk = max(k for *_, k in items)
+                dt = self.drafts[name].tokens  # (R_d, K)
+                rows = mx.array([r for r, _, _ in items])
+                padded[rows, 1 : 1 + kk] = dt[mx.array([j for _, j, _ in items]), :kk]
+            flat = np.concatenate([r * w + np.arange(n) for r, n in enumerate(sizes)])
+            ids = padded.reshape(-1)[mx.array(flat.astype(np.int32))]
+        hid = None
+        if start > 0:
+            parts = []
+            for name, j in hidden:
+                draft = self.drafts[name]
+                offs = np.concatenate([[0], np.cumsum(np.asarray(draft.sizes) + 1)])
+                parts.append(np.arange(offs[j], offs[j + 1]))
+            hid = self.drafts[hidden[0][0]].hidden[mx.array(np.concatenate(parts).astype(np.int32))]
+        seg = Segment(
+            rows=[self.decode[i].slot for i in idx],
+            tokens=tokens,
+            parents=parents if any_tree else None,
+            ids=ids,
+            hidden=hid,
+            start_layer=start,
+        )
+        view = SegmentView(idx, sizes, params, np.array(seeds, np.uint32), np.array(positions))
+        return seg, view
+
+
+def _depths(parents: list[int]) -> list[int]:
+    d = [0] * len(parents)
+    for j in range(1, len(parents)):
+        d[j] = d[parents[j]] + 1
+    return d
+
+
+def _group(d: Drafter) -> str | None:
+    return None if d.lookup else d.name
+
+
+def _alone(offer: Offer, marginal: float, step_cost: float) -> float:
+    """The best rate one row gets from an offer alone (tokens per plain-step cost)."""
+    if not len(offer.gains):
+        return 1.0
+    m = np.arange(1, len(offer.gains) + 1)
+    rates = (1.0 + np.cumsum(offer.gains)) / (1.0 + m * (marginal + step_cost))
+    return float(rates.max())
+
+
+def _bytes_per_position(model) -> int:
+    """KV bytes one position of one row takes over all layers."""
+    args = model.args
+    heads = args.num_attention_heads
+    kv = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
+    size = 4 if model.model.norm.weight.dtype == mx.float32 else 2
+    return 2 * len(model.model.layers) * kv * head_dim * size

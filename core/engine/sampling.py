@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
 
@@ -50,30 +51,67 @@ def log_target(logits: mx.array, params: GenerationParams) -> mx.array:
     return logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
 
 
-class KeyStream:
-    """A reproducible stream of PRNG keys (one request, one stream)."""
-
-    def __init__(self, seed: int | None):
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-        self._key = mx.random.key(seed)
-
-    def next(self) -> mx.array:
-        self._key, sub = mx.random.split(self._key)
-        return sub
+def param_groups(params: list[GenerationParams]) -> list[tuple[GenerationParams, list[int]]]:
+    """Rows grouped by their sampling parameters (temperature, top-p, top-k); greedy rows
+    are left out. A job usually has one group, so the target transform runs once."""
+    groups: dict[tuple, tuple[GenerationParams, list[int]]] = {}
+    for i, p in enumerate(params):
+        if not p.greedy:
+            groups.setdefault((p.temperature, p.top_p, p.top_k), (p, []))[1].append(i)
+    return list(groups.values())
 
 
-def make_draft_sampler(params: GenerationParams, keys: KeyStream):
-    """A `DraftSampler`: greedy drafts are argmax with probs None; sampled drafts carry q."""
-    if params.greedy:
+def row_seed(params: GenerationParams) -> int:
+    """The 32-bit seed of a request: its own, else a fresh random one."""
+    if params.seed is None:
+        return int.from_bytes(os.urandom(4), "little")
+    return params.seed & 0xFFFFFFFF
 
-        def greedy(logits: mx.array) -> tuple[mx.array, None]:
-            return mx.argmax(logits, axis=-1), None
 
-        return greedy
+def position_uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """(M,) float32 in [0, 1): the uniform that samples token `positions[m]` of the request
+    seeded `seeds[m]` (a counter hash, so it depends on nothing else)."""
+    with np.errstate(over="ignore"):
+        x = seeds.astype(np.uint32) ^ _lowbias32(positions.astype(np.uint32) * np.uint32(0x9E3779B9))
+        x = _lowbias32(x)
+    # 24 bits: exact in float32, and u * 2^32 (the race's seed) is an exact uint32.
+    return ((x >> np.uint32(8)).astype(np.float64) * 2.0**-24).astype(np.float32)
 
-    def sample(logits: mx.array) -> tuple[mx.array, mx.array]:
-        logq = log_target(logits, params)  # (B, V)
-        return mx.random.categorical(logq, key=keys.next()), mx.exp(logq)
 
-    return sample
+def _lowbias32(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def choose(
+    logits: mx.array,
+    params: list[GenerationParams],
+    seeds: np.ndarray,
+    positions: np.ndarray,
+) -> mx.array:
+    """(M, V) logits -> (M,) the token each row's target distribution puts at `positions`.
+
+    Greedy rows take the argmax. Sampled rows draw from their target distribution by an
+    exponential race seeded by (request seed, position) (`kernels.verify.choose`): the token
+    at position t is a function of the request's seed, its prefix and t alone, so plain
+    decoding, every drafter and every batch produce the same sample, and a draft token is
+    accepted exactly when it equals it (probability p(x), as in speculative sampling with a
+    deterministic drafter). A draft model sampling with the same uniforms agrees with the
+    target more often than with independent randomness.
+    """
+    from kernels.verify import choose as kernel_choose
+
+    out = mx.argmax(logits, axis=-1).astype(mx.int32)
+    groups = param_groups(params)
+    for p, idx in groups:
+        u = mx.array(position_uniforms(seeds[idx], positions[idx]))
+        rows = mx.array(idx) if len(idx) < len(params) else None
+        lp = log_target(logits if rows is None else logits[rows], p)
+        drawn = kernel_choose(lp[None], u[None])[0]
+        if rows is None:
+            return drawn
+        out[rows] = drawn
+    return out

@@ -1,0 +1,116 @@
+"""The drafter registry: one entry per `--draft` form (spec, validation, help, build).
+
+Adding a drafter is one file implementing `base.Drafter` and one line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .base import Draft, Drafter
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One `--draft` form.
+
+    Attributes:
+        name: the spec's head (`early-exit` in `early-exit:8`).
+        arg: what follows the colon ("L", "NAME", "SHAPE"), None when nothing may, "SHAPE?"
+            when it is optional.
+        help: one line for `--help` and error messages.
+        build: (engine, arg) -> the drafters in play for this spec (`auto`: several).
+        check: validates `arg` (raises ValueError), before anything is loaded.
+    """
+
+    name: str
+    arg: str | None
+    help: str
+    build: Callable[[Any, str | None], list[Drafter]]
+    check: Callable[[str], None] | None = None
+
+    @property
+    def form(self) -> str:
+        if self.arg is None:
+            return self.name
+        if self.arg.endswith("?"):
+            return f"{self.name} | {self.name}:{self.arg[:-1]}"
+        return f"{self.name}:{self.arg}"
+
+
+def _layer(arg: str) -> None:
+    if not arg.isdigit():
+        raise ValueError(f"early-exit takes a layer number, got {arg!r}")
+
+
+def _shape(arg: str) -> None:
+    from ..tree import parse_shape
+
+    parse_shape(arg)
+
+
+def _ngram(engine, arg):
+    from .ngram import NgramDrafter
+
+    return [NgramDrafter(engine.target)]
+
+
+def _early_exit(engine, arg):
+    from .early_exit import EarlyExitDrafter
+
+    return [EarlyExitDrafter(engine.target, engine.cache, int(arg))]
+
+
+def _draft_model(engine, arg):
+    return [engine.draft_model_drafter()]
+
+
+def _auto(engine, arg):
+    # Prompt lookup, and the draft model when one is configured; each row uses the one
+    # whose measured acceptance promises the most tokens per unit of time.
+    out = _ngram(engine, None)
+    if engine.draft_model is not None:
+        out.append(engine.draft_model_drafter())
+    return out
+
+
+def _tree(engine, arg):
+    from .tree import TreeDrafter
+
+    return [TreeDrafter(engine, arg)]
+
+
+ENTRIES = [
+    Entry("none", None, "no drafting: plain decoding", lambda e, a: []),
+    Entry("ngram", None, "prompt lookup on characters and tokens", _ngram),
+    Entry("early-exit", "L", "the target's first L layers draft (shared cache)", _early_exit, _layer),
+    Entry("draft-model", "NAME", "a small model sharing the tokenizer", _draft_model),
+    Entry("tree", "SHAPE?", "token trees of lookups (+ a draft model's top-k)", _tree, _shape),
+    Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),
+]
+REGISTRY = {e.name: e for e in ENTRIES}
+
+
+def forms() -> str:
+    """Every valid spec form, for help texts and errors."""
+    return " | ".join(e.form for e in ENTRIES)
+
+
+def parse(spec: str) -> tuple[Entry, str | None]:
+    """`early-exit:8` -> (its entry, "8"). Raises ValueError naming the valid forms."""
+    head, sep, arg = spec.partition(":")
+    entry = REGISTRY.get(head)
+    if entry is not None:
+        optional = entry.arg is not None and entry.arg.endswith("?")
+        if not sep and (entry.arg is None or optional):
+            return entry, None
+        if sep and arg and entry.arg is not None:
+            if entry.check is not None:
+                entry.check(arg)
+            return entry, arg
+    raise ValueError(f"unknown drafter {spec!r}; expected one of: {forms()}")
+
+
+__all__ = ["ENTRIES", "REGISTRY", "Draft", "Drafter", "Entry", "forms", "parse"]

@@ -1,67 +1,98 @@
-"""The drafter interface: every proposer (n-gram, early exit, draft model, trained adapters,
-trees) hands the engine a `Draft`, and one acceptance routine decides what to keep."""
+"""The drafter protocol: every proposer (prompt lookup, early exit, draft models, trees, and
+later trained or job-level drafters) drafts for rows of a batch and hands the engine a
+`Draft`; one scorer verifies it and one acceptance routine decides what each row keeps.
+
+Two kinds of drafter, one protocol:
+
+- lookups (`lookup = True`: prompt lookup, trees of lookups) are cheap host work: the engine
+  asks each row for up to `K_MAX` tokens, then keeps the prefix its policy pays for;
+- model drafters (`lookup = False`: early exit, a draft model) cost device time per token:
+  the engine picks each row's k first and asks for exactly that many.
+
+A row's life: `admit(seq)` once its prompt is in the target cache, then per verify step
+`propose(seqs, ks)` and `commit(seqs, draft, paths)`, and `retire(seq)` when it finishes.
+Per-row state lives in `seq.state[drafter.name]`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
+
+if TYPE_CHECKING:
+    from ..sequence import Sequence
 
 
 @dataclass
 class Draft:
-    """Candidate tokens for one verify step.
+    """Draft nodes for some rows of a batch (one drafter, one step).
 
-    A chain is the common case: `tokens[:, i]` follows `tokens[:, i-1]`. A tree sets `parents`.
+    Node i of a row follows its parent; -1 = the row's pending token (the tree's root).
 
     Attributes:
-        tokens: (B, K) int32 proposed tokens; K may be 0 (plain decoding step).
-        probs: (B, K, V) draft distribution each token was sampled from, or None for
-            deterministic drafters (treated as one-hot on `tokens`).
-        hidden: (B, K + 1, D) hidden states at layer `start_layer` for [last token, tokens...],
-            when the drafter already ran the target's first layers (early exit), else None.
-        start_layer: the layer verification resumes at when `hidden` is given.
-        parents: (K,) int32 parent index of each node (-1 = the root, i.e. the last committed
-            token) for tree drafts; None for a chain.
-        source: the drafter that produced it (metrics attribute acceptance to it).
+        sizes: (R,) draft nodes per row (0 = the row only verifies its pending token).
+        tokens: per row, its node tokens (host lists), or (R, K) int32 on the device
+            (model drafters: no host sync before the verify step).
+        parents: per row, each node's parent (-1 = root), or None for chains.
+        probs: (R, K, V) the distribution each node was drawn from (sampled rows of a model
+            drafter), else None: deterministic, one-hot.
+        hidden: packed (sum(sizes + 1), D) hidden states at `start_layer` for each row's
+            [pending token, nodes...] (early exit), else None.
+        start_layer: where verification resumes when `hidden` is given.
+        chances: per row, each node's estimated chance of being accepted (lookup trees),
+            else None (the engine uses the row's per-position statistics).
+        source: the drafter's name (metrics attribute acceptance to it).
     """
 
-    tokens: mx.array  # (B, K)
-    probs: mx.array | None = None  # (B, K, V)
-    hidden: mx.array | None = None  # (B, K + 1, D)
+    sizes: list[int]
+    tokens: list[list[int]] | mx.array
+    parents: list[list[int]] | None = None
+    probs: mx.array | None = None  # (R, K, V)
+    hidden: mx.array | None = None  # (sum(sizes + 1), D)
     start_layer: int = 0
-    parents: mx.array | None = None  # (K,)
+    chances: list[list[float]] | None = None
     source: str = ""
 
-    @property
-    def length(self) -> int:
-        return self.tokens.shape[1]
+    def truncate(self, ks: list[int]) -> Draft:
+        """The first ks[r] nodes of each row (host-side drafts; a tree's nodes are in
+        best-first order, so a prefix is still a tree)."""
+        if isinstance(self.tokens, mx.array):
+            raise ValueError("device drafts are drafted at their final length")
+        return Draft(
+            sizes=[min(k, s) for k, s in zip(ks, self.sizes, strict=True)],
+            tokens=[t[:k] for t, k in zip(self.tokens, ks, strict=True)],
+            parents=None if self.parents is None else [p[:k] for p, k in zip(self.parents, ks, strict=True)],
+            chances=None if self.chances is None else [c[:k] for c, k in zip(self.chances, ks, strict=True)],
+            source=self.source,
+        )
 
-
-class DraftSampler(Protocol):
-    """Turns (B, V) draft logits into (tokens (B,), probs (B, V) or None when greedy)."""
-
-    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array | None]: ...
+    def host_tokens(self, r: int) -> list[int]:
+        """Row r's node tokens (host drafts only)."""
+        return list(self.tokens[r][: self.sizes[r]])
 
 
 class Drafter(Protocol):
-    """What the engine asks of a drafter.
+    """What the engine asks of a drafter (see the module docstring)."""
 
-    Lifecycle per request: `begin(prompt)`, then per verify step `propose(...)` followed by
-    `commit(...)` with what the target accepted.
-    """
+    name: str  # its spec, e.g. "ngram", "early-exit:8"
+    kind: str  # acceptance-statistics key and prior (draft_length.PRIORS)
+    lookup: bool  # True: cheap host proposals truncated by the policy
 
-    name: str
+    def admit(self, seq: Sequence) -> None:
+        """A row joins: its prompt is in the target cache, `seq.output[-1]` pending."""
 
-    def begin(self, prompt: list[int]) -> None:
-        """Start a request whose prompt is `prompt` (already prefilled in the target cache)."""
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Draft:
+        """Up to ks[r] draft nodes after each row's history (a lookup may offer fewer)."""
 
-    def propose(self, history: list[int], k: int, sampler: DraftSampler) -> Draft:
-        """Propose up to `k` tokens following `history` (prompt + committed output).
+    def commit(self, seqs: list[Sequence], draft: Draft, paths: list[list[int]]) -> None:
+        """The target kept, per row, the nodes on `paths[r]` (draft indices, root excluded,
+        in order): roll any own state back to the row's new history."""
 
-        `history[-1]` is the last committed token: it is not yet in the target cache.
-        """
+    def retire(self, seq: Sequence) -> None:
+        """The row finished: drop its state."""
 
-    def commit(self, draft: Draft, num_accepted: int) -> None:
-        """The target kept `num_accepted` of the proposed tokens: roll any own state back."""
+    def step_cost(self, rows: int) -> float:
+        """Cost of one drafting step over `rows` rows, in units of one plain target step at
+        that batch size (0 for lookups)."""

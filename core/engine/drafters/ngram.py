@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import mlx.core as mx
-
-from .base import Draft, DraftSampler
+from .base import Draft
 
 NGRAM_SIZES = (3, 2, 1)
 MIN_CHARS, MAX_CHARS = 3, 48
@@ -75,20 +73,14 @@ class TextIndex:
         return ids[:k]
 
 
-class NgramDrafter:
-    name = "ngram"
+class PromptLookup:
+    """One row's matchers over its prompt + output (indexed incrementally)."""
 
     def __init__(self, sizes: tuple[int, ...] = NGRAM_SIZES, text: TextIndex | None = None):
         self.sizes = sizes
         self.text = text
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # positions [0, _indexed) have their n-grams indexed
-
-    def begin(self, prompt: list[int]) -> None:
-        self._index.clear()
-        self._indexed = 0
-        if self.text is not None:
-            self.text.reset()
 
     def _update(self, history: list[int]) -> None:
         # Index n-grams ending at e for every e whose continuation e + 1 exists in history,
@@ -122,11 +114,31 @@ class NgramDrafter:
                 return cont
         return []
 
-    def propose(self, history: list[int], k: int, sampler: DraftSampler) -> Draft:
-        cont = self.lookup(history, k)
-        return Draft(
-            tokens=mx.array([cont], dtype=mx.int32).reshape(1, len(cont)), source=self.name
+
+class NgramDrafter:
+    """`--draft ngram`: prompt lookup for every row (a lookup: the policy truncates)."""
+
+    name = kind = "ngram"
+    lookup = True
+
+    def __init__(self, target=None):
+        # With the target's tokenizer, copies are matched on characters too.
+        self._text = (
+            (lambda: TextIndex(target.decode, target.encode_text)) if target is not None else None
         )
 
-    def commit(self, draft: Draft, num_accepted: int) -> None:
+    def admit(self, seq) -> None:
+        seq.state[self.name] = PromptLookup(text=self._text() if self._text else None)
+
+    def propose(self, seqs, ks: list[int]) -> Draft:
+        toks = [s.state[self.name].lookup(s.history, k) for s, k in zip(seqs, ks, strict=True)]
+        return Draft(sizes=[len(t) for t in toks], tokens=toks, source=self.name)
+
+    def commit(self, seqs, draft: Draft, paths) -> None:
         pass
+
+    def retire(self, seq) -> None:
+        seq.state.pop(self.name, None)
+
+    def step_cost(self, rows: int) -> float:
+        return 0.0

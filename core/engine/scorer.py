@@ -1,0 +1,249 @@
+"""One forward of the target (or a draft model) over many rows with ragged token counts.
+
+A forward is a list of `Segment`s; each is a group of rows that add tokens to their cache
+rows this step: decode rows verifying a draft chain or tree, rows prefilling a prompt chunk,
+early-exit rows whose hidden states enter at a later layer. Token i of row r is a tree node
+with a parent (a chain is the tree 0 <- 1 <- 2 ...; a prompt chunk is a chain); its RoPE
+position is the row's cached length + its depth and it sees the row's cache plus its own
+ancestors.
+
+The tokens of every segment are packed into one (N, D) stream for the linear layers (norms,
+projections, MLP, output head), so a row that drafts nothing does not pay for another row's
+draft; attention runs per segment on the padded (R, W) layout with the segment's mask. The
+K/V of the packed tokens are written straight into their rows' cache slots.
+
+The attention, projections and MLP are the model's own mlx-lm modules (llama, qwen2, qwen3,
+mistral); RoPE runs through the model's own `rope` module with every token as its own row,
+so per-token positions keep mlx-lm's rope variants exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .cache import BatchKVCache
+
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise ValueError unless this forward reproduces the model's own layers."""
+    kind = getattr(getattr(model, "args", None), "model_type", None)
+    if kind not in SUPPORTED:
+        raise ValueError(
+            f"the engine runs {', '.join(SUPPORTED)} models; {kind!r} is not one of them"
+        )
+
+
+@dataclass
+class Segment:
+    """Rows that add tokens to their cache rows in one forward.
+
+    Attributes:
+        rows: (R,) cache slots.
+        tokens: per row, the token ids of its nodes (ragged; node 0 follows the cached
+            prefix). With `hidden`, they only give the node counts.
+        parents: per row, each node's parent index (-1 for node 0), or None for chains.
+        ids: (N,) int32 packed token ids on the device (drafts a model sampled), used
+            instead of `tokens`' values; None = embed `tokens`.
+        hidden: (N, D) packed hidden states at `start_layer` (early exit), else None.
+        start_layer: the first layer run for these rows.
+        logits: "all" = logits after every node, "last" = after each row's last node,
+            "none" = no logits (K/V only: a prefill chunk that does not end the prompt).
+    """
+
+    rows: list[int]
+    tokens: list[list[int]]
+    parents: list[list[int]] | None = None
+    ids: mx.array | None = None
+    hidden: mx.array | None = None
+    start_layer: int = 0
+    logits: str = "all"
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(t) for t in self.tokens]
+
+    @property
+    def n(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    def depth(self) -> list[np.ndarray]:
+        """Per row, each node's depth (the root's is 0)."""
+        out = []
+        for i, s in enumerate(self.sizes):
+            if self.parents is None:
+                out.append(np.arange(s))
+            else:
+                d = np.zeros(s, dtype=np.int64)
+                for j, p in enumerate(self.parents[i][1:s], start=1):
+                    d[j] = d[p] + 1
+                out.append(d)
+        return out
+
+
+@dataclass
+class _Plan:
+    """Index arrays for one segment (built on the host once per forward)."""
+
+    seg: Segment
+    offset: int  # where its tokens start in the packed stream
+    width: int  # key positions read per row
+    w: int  # padded nodes per row
+    rows_all: bool  # covers every cache slot in order: read without a gather
+    rows: mx.array  # (R,)
+    tok_rows: mx.array  # (N,) cache row of each packed token
+    tok_slots: mx.array  # (N,) cache slot of each packed token
+    positions: mx.array  # (N,) RoPE position of each packed token
+    unpack: mx.array | None  # (R * W,) packed index per padded position (None: identity)
+    pack: mx.array | None  # (N,) padded index per packed token (None: identity)
+    mask: mx.array  # (R, 1, W, width) bool
+
+
+def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
+    R, w = len(seg.rows), max(seg.sizes)
+    lengths = cache.lengths[seg.rows]  # (R,)
+    ends = lengths + np.asarray(seg.sizes)
+    width = cache.read_width(int(ends.max()))
+    depths = seg.depth()
+    tok_rows = np.repeat(np.asarray(seg.rows), seg.sizes)
+    tok_slots = np.concatenate([lengths[i] + np.arange(s) for i, s in enumerate(seg.sizes)])
+    positions = np.concatenate([lengths[i] + d for i, d in enumerate(depths)])
+    # Mask: node t of row r sees the row's prefix and its own ancestors (itself included).
+    anc = np.zeros((R, w, w), dtype=bool)
+    for i, s in enumerate(seg.sizes):
+        if seg.parents is None:
+            anc[i, :s, :s] = np.tril(np.ones((s, s), dtype=bool))
+        else:
+            for t in range(s):
+                p = seg.parents[i][t]
+                if p >= 0:
+                    anc[i, t] = anc[i, p]
+                anc[i, t, t] = True
+        anc[i, s:, 0] = True  # padded queries see one key: their output is never read
+    mask = np.zeros((R, w, width), dtype=bool)
+    cols = np.arange(width)
+    mask[:] = cols[None, None, :] < lengths[:, None, None]
+    for i in range(R):
+        lo = int(lengths[i])
+        span = min(w, width - lo)  # padded nodes past the row's own end are never keys
+        mask[i, :, lo : lo + span] |= anc[i, :, :span]
+    ragged = any(s != w for s in seg.sizes)
+    if ragged:
+        starts = np.concatenate([[0], np.cumsum(seg.sizes)[:-1]])
+        unpack = np.concatenate(
+            [starts[i] + np.minimum(np.arange(w), s - 1) for i, s in enumerate(seg.sizes)]
+        )
+        pack = np.concatenate([i * w + np.arange(s) for i, s in enumerate(seg.sizes)])
+    rows_all = list(seg.rows) == list(range(cache.capacity))
+    return _Plan(
+        seg=seg,
+        offset=offset,
+        width=width,
+        w=w,
+        rows_all=rows_all,
+        rows=mx.array(np.asarray(seg.rows, dtype=np.int32)),
+        tok_rows=mx.array(tok_rows.astype(np.int32)),
+        tok_slots=mx.array(tok_slots.astype(np.int32)),
+        positions=mx.array(positions.astype(np.int32)),
+        unpack=mx.array(unpack.astype(np.int32)) if ragged else None,
+        pack=mx.array(pack.astype(np.int32)) if ragged else None,
+        mask=mx.array(mask[:, None]),
+    )
+
+
+def _rope(rope: nn.Module, x: mx.array, positions: mx.array) -> mx.array:
+    """The model's RoPE on packed (N, H, D) at per-token positions (N,)."""
+    N, H, D = x.shape
+    return rope(x.reshape(N, H, 1, D), offset=positions).reshape(N, H, D)
+
+
+def _attention(attn: nn.Module, x: mx.array, plans: list[_Plan], cache, layer: int) -> mx.array:
+    """mlx-lm llama/qwen attention over packed tokens (N, D), per segment, into the cache."""
+    N = x.shape[0]
+    q = attn.q_proj(x).reshape(N, attn.n_heads, -1)
+    k = attn.k_proj(x).reshape(N, attn.n_kv_heads, -1)
+    v = attn.v_proj(x).reshape(N, attn.n_kv_heads, -1)
+    if hasattr(attn, "q_norm"):  # qwen3
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    positions = plans[0].positions if len(plans) == 1 else mx.concatenate(
+        [p.positions for p in plans]
+    )
+    q, k = _rope(attn.rope, q, positions), _rope(attn.rope, k, positions)
+    outs = []
+    for p in plans:
+        lo, hi = p.offset, p.offset + p.seg.n
+        cache.write(layer, p.tok_rows, p.tok_slots, k[lo:hi], v[lo:hi])
+        keys, values = cache.read(layer, None if p.rows_all else p.rows, p.width)
+        qs = q[lo:hi] if p.unpack is None else q[lo:hi][p.unpack]  # (R * W, H, D)
+        R = len(p.seg.rows)
+        qs = qs.reshape(R, p.w, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        o = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=attn.scale, mask=p.mask)
+        o = o.transpose(0, 2, 1, 3).reshape(R * p.w, -1)
+        outs.append(o if p.pack is None else o[p.pack])
+    o = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+    return attn.o_proj(o)
+
+
+def head(model: nn.Module, h: mx.array) -> mx.array:
+    """Final norm + output projection: (..., D) hidden states -> (..., V) logits."""
+    h = model.model.norm(h)
+    if hasattr(model, "lm_head"):
+        return model.lm_head(h)
+    return model.model.embed_tokens.as_linear(h)  # tied embeddings
+
+
+def forward(
+    model: nn.Module, cache: BatchKVCache, segments: list[Segment], stop: int | None = None
+) -> list[mx.array | None]:
+    """Run `segments` through the model's layers [start, stop) writing their K/V.
+
+    Returns, per segment, its logits: (N_seg, V) for "all", (R, V) for "last", None for
+    "none"; with `stop` set (early-exit drafting), the hidden states at layer `stop`
+    instead: (N_seg, D) packed.
+
+    The cache lengths are not changed: the caller commits what it keeps.
+    """
+    layers = model.model.layers
+    stop = len(layers) if stop is None else stop
+    order = sorted(range(len(segments)), key=lambda j: segments[j].start_layer)
+    cache.reserve(max(int((cache.lengths[s.rows] + s.sizes).max()) for s in segments))
+    plans: dict[int, _Plan] = {}
+    h = None
+    offset = 0
+    for j in order:  # packed in order of the layer they enter at
+        plans[j] = _plan(cache, segments[j], offset)
+        offset += segments[j].n
+    ordered = [plans[j] for j in order]
+    for i in range(segments[order[0]].start_layer, stop):
+        for p in ordered:
+            if p.seg.start_layer == i:
+                x = p.seg.hidden
+                if x is None:
+                    ids = p.seg.ids
+                    if ids is None:
+                        ids = mx.array(np.concatenate([np.asarray(t, np.int32) for t in p.seg.tokens]))
+                    x = model.model.embed_tokens(ids)
+                h = x if h is None else mx.concatenate([h, x])
+        live = [p for p in ordered if p.seg.start_layer <= i]
+        layer = layers[i]
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), live, cache, i)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    out: list[mx.array | None] = []
+    for j in range(len(segments)):
+        p = plans[j]
+        hs = h[p.offset : p.offset + p.seg.n]
+        if stop < len(layers):
+            out.append(hs)
+        elif p.seg.logits == "all":
+            out.append(head(model, hs))
+        elif p.seg.logits == "last":
+            last = np.cumsum(p.seg.sizes) - 1
+            out.append(head(model, hs[mx.array(last.astype(np.int32))]))
+        else:
+            out.append(None)
+    return out
