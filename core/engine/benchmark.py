@@ -1,8 +1,22 @@
-"""Side-by-side throughput: mlx-lm and our engine on the same loaded weights and prompts.
+"""Side-by-side throughput on a job file: mlx-lm's batch_generate and our engine, same weights.
 
-Everything runs in one process, configurations interleaved prompt by prompt, so the
-ratios compare like with like on whatever machine runs it. Absolute times mean something
-only on the machine that produced them.
+Everything runs in one process on the same loaded model, greedy, on the whole job:
+
+- `mlx_lm_batch_B`: mlx-lm's `batch_generate` at each batch size B tried; `mlx_lm_batch`
+  repeats the best one;
+- `ours_single`: our engine one item at a time, plain decoding (and `ours_single_spec`, the
+  same with the drafter);
+- `ours_batched_B` / `ours_batched_spec_B`: our continuous batch at B rows, without and with
+  speculation; `ours_batched` / `ours_batched_spec` repeat the best.
+
+Each row counts the items whose output is identical to the reference (plain single-row
+greedy: mlx-lm's `generate_step`, or `ours_single`), and for every item that differs
+records the reference's top-1 minus top-2 logit at the first differing token: batched
+matmuls round differently from single-row ones, so near-ties may flip; a gap above
+`GAP_BUG` is a bug, not rounding.
+
+Absolute times mean something only on the machine that produced them; the ratios compare
+like with like.
 """
 
 from __future__ import annotations
@@ -10,226 +24,296 @@ from __future__ import annotations
 import json
 import platform
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.generate import stream_generate
 
-from .costs import measure_verify_curve
 from .generate import Engine
 from .model import LoadedModel
 from .sampling import GenerationParams
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "bench_prompts.jsonl"
+GAP_BUG = 0.05
+DEFAULT_JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "grounded-64.jsonl"
+
+
+class JobFileError(ValueError):
+    """A bench input that is not a job file (message names the line)."""
+
+
+@dataclass
+class Item:
+    prompt: list[int]
+    max_tokens: int
+    category: str = "other"
 
 
 @dataclass
 class Row:
     name: str
-    tokens: int = 0
+    batch_size: int
     seconds: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
+    drafters: Counter = field(default_factory=Counter)  # verify steps by drafter
     steps: int = 0
-    emitted: int = 0  # tokens produced by verify steps (the prefill's first token excluded)
+    emitted: int = 0
     drafted: int = 0
     accepted: int = 0
-    outputs: list[list[int]] = field(default_factory=list)
-    by_category: dict[str, list[float]] = field(default_factory=dict)  # tokens, s, steps, emitted
+    config: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def load_prompts(path: str | Path | None = None) -> list[dict]:
-    """Bench prompts: JSONL lines with `messages` (chat) or `prompt` (raw), and `category`."""
-    lines = Path(path or DEFAULT_PROMPTS).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+def load_job(target: LoadedModel, path: str | Path | None, max_tokens: int | None) -> list[Item]:
+    """The items of a job file: OpenAI Batch lines (`run`/`submit` input) or bench lines
+    (`{"messages" | "prompt", "category"}`). Sampling parameters are ignored: the bench is
+    greedy, so every configuration must produce the same tokens."""
+    from core.jobs import parse_job, prompt_tokens
+
+    path = Path(path or DEFAULT_JOB)
+    try:
+        raw = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise JobFileError(f"cannot read {path}: {e}") from None
+    lines, categories = [], []
+    for n, line in enumerate(raw, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise JobFileError(f"{path}:{n}: invalid JSON: {e.msg}") from None
+        if isinstance(obj, dict) and "custom_id" not in obj and ("messages" in obj or "prompt" in obj):
+            # a bench line: give it the job format's envelope
+            body = {k: obj[k] for k in ("messages", "max_tokens") if k in obj}
+            obj = (
+                {"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+                if "messages" in obj
+                else {"custom_id": f"line-{n}", "prompt": obj["prompt"]}
+            )
+        categories.append(obj.get("category", "other") if isinstance(obj, dict) else "other")
+        if isinstance(obj, dict):
+            obj.pop("category", None)
+        lines.append(json.dumps(obj))
+    requests, errors = parse_job(lines)
+    if errors:
+        shown = "; ".join(e.message for e in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise JobFileError(f"{path}: {shown}{more}")
+    if not requests:
+        raise JobFileError(f"{path} has no requests")
+    return [
+        Item(
+            prompt=prompt_tokens(target, r),
+            max_tokens=max_tokens or int(r.params.get("max_tokens") or 256),
+            category=categories[r.line - 1] if r.line - 1 < len(categories) else "other",
+        )
+        for r in requests
+    ]
 
 
-def encode(target: LoadedModel, item: dict) -> list[int]:
-    if "messages" in item:
-        return target.encode_chat(item["messages"])
-    return target.encode_prompt(item["prompt"])
+def mlx_lm_batch(target: LoadedModel, items: list[Item], batch_size: int) -> list[list[int]]:
+    """mlx-lm's `batch_generate` as a new user calls it, at `batch_size` rows."""
+    from mlx_lm.generate import batch_generate
+
+    r = batch_generate(
+        target.model,
+        target.tokenizer,
+        [it.prompt for it in items],
+        max_tokens=[it.max_tokens for it in items],
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(batch_size, 8),
+        return_token_ids=True,
+    )
+    return [list(t) for t in r.token_ids]
 
 
-def mlx_lm_runner(
-    target: LoadedModel, max_tokens: int, draft: LoadedModel | None = None, num_draft: int = 0
-) -> Callable[[list[int]], tuple[list[int], dict]]:
-    """mlx-lm's own `stream_generate` (optionally with its speculative decoding)."""
+def mlx_lm_single(target: LoadedModel, item: Item) -> list[int]:
+    """mlx-lm's plain greedy `generate_step`, one row (the reference)."""
+    from mlx_lm.generate import generate_step
 
-    def run(prompt: list[int]) -> tuple[list[int], dict]:
-        kw = {"draft_model": draft.model, "num_draft_tokens": num_draft} if draft else {}
-        toks, from_draft, last = [], 0, None
-        for r in stream_generate(target.model, target.tokenizer, prompt, max_tokens, **kw):
-            toks.append(r.token)
-            from_draft += bool(r.from_draft)
-            last = r
-        if last is not None and last.finish_reason == "stop":
-            toks.pop()  # the EOS token
-        return toks, {"from_draft": from_draft}
-
-    return run
+    out = []
+    for t, _ in generate_step(mx.array(item.prompt), target.model, max_tokens=item.max_tokens):
+        t = int(t)
+        if t in target.eos_token_ids:
+            break
+        out.append(t)
+    return out
 
 
-def engine_runner(engine: Engine, max_tokens: int):
-    def run(prompt: list[int]) -> tuple[list[int], dict]:
-        r = engine.generate(prompt, GenerationParams(max_tokens=max_tokens))
-        return r.tokens, r.speculative
-
-    return run
+def top_gap(target: LoadedModel, prompt: list[int], prefix: list[int]) -> float:
+    """Top-1 minus top-2 logit of plain single-row decoding after `prompt + prefix`."""
+    logits = target.model(mx.array([prompt + prefix]))[0, -1].astype(mx.float32)
+    top = mx.sort(logits)[-2:].tolist()
+    return float(top[1] - top[0])
 
 
 def run_bench(
     target: LoadedModel,
-    prompts: list[dict],
-    drafters: Iterable[str],
-    max_tokens: int = 128,
+    items: list[Item],
+    drafter: str = "auto",
+    mlx_lm_batches: list[int] = (8, 16, 32, 64),
+    our_batches: list[int] | None = None,
     draft_model: LoadedModel | None = None,
-    mlx_lm_draft_tokens: Iterable[int] = (),
+    reference: str = "mlx_lm",
+    configs: set[str] | None = None,
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
-    """Run every configuration on every prompt, interleaved, and return the table as a dict.
+    """Run every configuration on the whole job and return the table as a dict."""
+    want = configs or {"mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec"}
+    kw = {"draft_model": draft_model} if draft_model is not None else {}
+    base = Engine(target, draft=drafter, progress=progress, **kw)
+    surface = base.surface  # measured (or loaded) before any timing
+    our_batches = list(our_batches or [base.batch_size])
+    warm_full = mx.default_device() == mx.gpu  # per-shape kernel compilation: warm everything
+    rows: list[Row] = []
 
-    Rows: `mlx_lm`, `mlx_lm_speculative_k{n}` (when a draft model is given), `ours_none`,
-    `ours_<drafter>` for each drafter, and `ours_best`/`mlx_lm_speculative` summaries.
-    """
-    runners: dict[str, Callable] = {"mlx_lm": mlx_lm_runner(target, max_tokens)}
-    if draft_model is not None:
-        for n in mlx_lm_draft_tokens:
-            runners[f"mlx_lm_speculative_k{n}"] = mlx_lm_runner(target, max_tokens, draft_model, n)
-    progress("measuring the verify-cost curve")
-    cost = measure_verify_curve(target.model)
-    for d in ["none", *drafters]:
-        # "early-exit:8/4" = early exit at layer 8, fixed k = 4 (paths keep their slashes)
-        spec, _, k = d.rpartition("/") if d.rpartition("/")[2].isdigit() else (d, "", "")
-        dm = draft_model if spec.startswith("draft-model") or spec == "auto" else None
-        eng = Engine(
-            target,
-            draft="none" if spec == "none-sync" else spec,
-            k=int(k) if k else None,
-            cost=cost,
-            draft_model=dm,
-            profile=False,
-            double_buffer=spec != "none-sync",  # none-sync: plain decoding, a sync per token
-        )
-        runners[f"ours_{d}"] = engine_runner(eng, max_tokens)
+    def timed(name: str, bs: int, fn: Callable[[], tuple[list[list[int]], list]]) -> Row:
+        if warm_full:
+            progress(f"{name}: warm-up pass")
+            fn()
+        progress(f"{name}: {len(items)} items")
+        t0 = time.perf_counter()
+        outs, results = fn()
+        row = Row(name, bs, time.perf_counter() - t0, outs)
+        for r in results:
+            s = r.speculative
+            row.drafters.update(s.get("steps_by_drafter", {}))
+            row.steps += s.get("verify_steps", 0)
+            row.emitted += round(s.get("mean_accepted_length", 0) * s.get("verify_steps", 0))
+            row.drafted += s.get("draft_tokens", 0)
+            row.accepted += s.get("accepted_tokens", 0)
+        rows.append(row)
+        progress(f"{name}: {row.tokens_per_s:.1f} tok/s")
+        return row
 
-    encoded = [encode(target, p) for p in prompts]
-    # GPU backends compile a kernel per new shape (each draft width, each tree size): a
-    # full untimed pass pays that once, as a resident worker does, before the timed pass.
-    full = mx.default_device() == mx.gpu
-    for name, run in runners.items():
-        progress(f"warm-up {name}" + (" (full pass)" if full else ""))
-        for prompt in encoded if full else [encoded[0][:32]]:
-            _run_short(run, prompt)
-    rows = {name: Row(name) for name in runners}
-    for i, prompt in enumerate(encoded):
-        for name, run in runners.items():
-            progress(f"prompt {i + 1}/{len(encoded)}: {name}")
-            t0 = time.perf_counter()
-            toks, info = run(prompt)
-            dt = time.perf_counter() - t0
-            row = rows[name]
-            row.seconds += dt
-            row.tokens += len(toks)
-            row.outputs.append(toks)
-            row.steps += info.get("verify_steps", 0)
-            row.emitted += round(info.get("mean_accepted_length", 0) * info.get("verify_steps", 0))
-            row.drafted += info.get("draft_tokens", 0)
-            row.accepted += info.get("accepted_tokens", info.get("from_draft", 0))
-            cat = row.by_category.setdefault(prompts[i].get("category", "other"), [0, 0, 0, 0])
-            cat[0] += len(toks)
-            cat[1] += dt
-            cat[2] += info.get("verify_steps", 0)
-            cat[3] += round(info.get("mean_accepted_length", 0) * info.get("verify_steps", 0))
-    return summarize(rows, cost, target, prompts, max_tokens)
+    def ours(spec: str, bs: int):
+        engine = Engine(target, draft=spec, surface=surface, batch_size=bs, **kw)
+        engine.acceptance = {}  # every configuration starts from the same priors
 
+        def fn():
+            engine.acceptance = {}
+            res = engine.generate_many(
+                [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
+            )
+            return [r.tokens for r in res], res
 
-def _run_short(run, prompt):
-    try:
-        run(prompt)
-    except Exception:  # noqa: BLE001 - a warm-up failure shows up again in the real run
-        pass
+        if not warm_full:  # a short warm-up: the first shapes of this configuration
+            engine.generate_many([(items[0].prompt[:16], GenerationParams(max_tokens=4))])
+        return fn
+
+    ref_outputs = None
+    if reference == "mlx_lm":
+        progress("reference: mlx-lm plain greedy, one row at a time")
+        t0 = time.perf_counter()
+        ref_outputs = [mlx_lm_single(target, it) for it in items]
+        rows.append(Row("mlx_lm_single", 1, time.perf_counter() - t0, ref_outputs))
+    if "mlx_lm" in want:
+        mlx_lm_batch(target, items[:2], 2)  # import and first shapes
+        for bs in mlx_lm_batches:
+            timed(f"mlx_lm_batch_{bs}", bs, lambda bs=bs: (mlx_lm_batch(target, items, bs), []))
+    if "ours_single" in want or reference == "ours_single":
+        timed("ours_single", 1, ours("none", 1))
+    if "ours_single_spec" in want:
+        timed("ours_single_spec", 1, ours(drafter, 1))
+    for label, spec in (("ours_batched", "none"), ("ours_batched_spec", drafter)):
+        if label in want:
+            for bs in our_batches:
+                timed(f"{label}_{bs}", bs, ours(spec, bs))
+    if ref_outputs is None:
+        ref_outputs = next(r.outputs for r in rows if r.name == "ours_single")
+    return summarize(rows, target, items, ref_outputs, reference, surface, drafter)
 
 
-def summarize(rows: dict[str, Row], cost, target, prompts, max_tokens) -> dict:
-    base = rows["mlx_lm"]
-    out = []
-    for r in rows.values():
-        out.append(
+def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> dict:
+    gaps: dict[tuple[int, int], float] = {}
+
+    def differing(outputs):
+        out = []
+        for i, (o, r) in enumerate(zip(outputs, ref_outputs, strict=True)):
+            if o != r:
+                j = next((j for j, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
+                if (i, j) not in gaps:
+                    gaps[(i, j)] = top_gap(target, items[i].prompt, r[:j])
+                out.append(gaps[(i, j)])
+        return out
+
+    table = []
+    for r in rows:
+        d = differing(r.outputs)
+        table.append(
             {
                 "name": r.name,
+                "batch_size": r.batch_size,
                 "tokens_per_s": round(r.tokens_per_s, 3),
-                "ratio_vs_mlx_lm": round(r.tokens_per_s / base.tokens_per_s, 3),
-                "identical_to_mlx_lm": r.outputs == base.outputs,
+                "tokens": r.tokens,
+                "seconds": round(r.seconds, 3),
+                "identical_rows": len(items) - len(d),
+                "identical_to_mlx_lm": not d,
+                "max_gap": round(max(d), 4) if d else None,
+                "gap_bug": bool(d) and max(d) > GAP_BUG,
+                "drafters": dict(r.drafters),
                 "mean_accepted_length": round(r.emitted / r.steps, 3) if r.steps else None,
                 "acceptance_rate": round(r.accepted / r.drafted, 3) if r.drafted else None,
-                "tokens": r.tokens,
             }
         )
-    for prefix, label in (("ours_", "ours_best"), ("mlx_lm_speculative_k", "mlx_lm_speculative")):
-        cands = [o for o in out if o["name"].startswith(prefix)]
+    for prefix in ("mlx_lm_batch_", "ours_batched_spec_", "ours_batched_"):
+        cands = [t for t in table if t["name"].startswith(prefix) and t["name"][len(prefix) :].isdigit()]
         if cands:
-            best = max(cands, key=lambda o: o["tokens_per_s"])
-            out.append({**best, "name": label, "config": best["name"]})
-    categories = {}
-    for cat in base.by_category:
-        plain = rows["ours_none"].by_category[cat]
-        categories[cat] = {
-            r.name: {
-                "tokens_per_s": round(c[0] / c[1], 3),
-                "ratio_vs_ours_none": round((c[0] / c[1]) / (plain[0] / plain[1]), 3),
-                "mean_accepted_length": round(c[3] / c[2], 3) if c[2] else None,
-            }
-            for r in rows.values()
-            if r.name.startswith("ours_") and (c := r.by_category[cat])
-        }
+            best = max(cands, key=lambda t: t["tokens_per_s"])
+            table.append({**best, "name": prefix.rstrip("_"), "config": best["name"]})
+    best_mlx = next((t["tokens_per_s"] for t in table if t["name"] == "mlx_lm_batch"), None)
+    for t in table:
+        t["ratio_vs_mlx_lm"] = round(t["tokens_per_s"] / best_mlx, 3) if best_mlx else None
     return {
         "model": target.name,
         "weight_format": target.weight_format,
         "device": str(mx.default_device()),
         "machine": platform.machine(),
-        "prompts": len(prompts),
-        "max_tokens": max_tokens,
-        "verify_cost_ms": dict(zip(cost.widths, [round(m, 3) for m in cost.ms], strict=True)),
-        "rows": out,
-        "by_category": categories,
+        "items": len(items),
+        "prompt_tokens": [min(len(i.prompt) for i in items), max(len(i.prompt) for i in items)],
+        "distinct_prompt_lengths": len({len(i.prompt) for i in items}),
+        "max_tokens": max(i.max_tokens for i in items),
+        "drafter": drafter,
+        "reference": reference,
+        "cost_surface_ms": surface.to_json(),
+        "rows": table,
     }
 
 
 def format_table(result: dict) -> str:
     lines = [
         f"model {result['model']} ({result['weight_format']}) on {result['device']}, "
-        f"{result['prompts']} prompts x {result['max_tokens']} tokens max",
-        "verify cost (ms for w tokens): "
-        + ", ".join(f"{w}: {m:.1f}" for w, m in result["verify_cost_ms"].items()),
-        f"{'config':<28}{'tok/s':>9}{'vs mlx-lm':>11}{'accepted len':>14}{'accept rate':>13}"
-        f"{'identical':>11}",
+        f"{result['items']} items ({result['distinct_prompt_lengths']} prompt lengths), "
+        f"max_tokens {result['max_tokens']}, drafter {result['drafter']}, "
+        f"reference {result['reference']}",
+        f"{'config':<34}{'batch':>6}{'tok/s':>10}{'vs mlx-lm':>11}{'identical':>11}"
+        f"{'max gap':>9}{'acc len':>9}  drafters",
     ]
     for r in result["rows"]:
-        mal = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
-        ar = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
         name = r["name"] + (f" ({r['config']})" if "config" in r else "")
+        ratio = f"{r['ratio_vs_mlx_lm']:.2f}x" if r["ratio_vs_mlx_lm"] is not None else "-"
+        gap = f"{r['max_gap']:.3f}" if r["max_gap"] is not None else "-"
+        if r["gap_bug"]:
+            gap += "!"
+        mal = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(r["drafters"].items())) or "-"
         lines.append(
-            f"{name:<28}{r['tokens_per_s']:>9.2f}{r['ratio_vs_mlx_lm']:>10.2f}x{mal:>14}{ar:>13}"
-            f"{'yes' if r['identical_to_mlx_lm'] else 'NO':>11}"
+            f"{name:<34}{r['batch_size']:>6}{r['tokens_per_s']:>10.2f}{ratio:>11}"
+            f"{r['identical_rows']:>6}/{result['items']:<4}{gap:>9}{mal:>9}  {mix}"
         )
-    cats = result.get("by_category", {})
-    if cats:
-        names = [n for n in next(iter(cats.values())) if n != "ours_none"]
-        lines.append("")
-        lines.append("by category: speedup vs ours_none / mean accepted length")
-        widths = [max(18, len(n) - 2) for n in names]
-        lines.append(
-            f"{'category':<14}"
-            + "".join(f"{n[5:]:>{w}}" for n, w in zip(names, widths, strict=True))
-        )
-        for cat, per in cats.items():
-            cells = "".join(
-                f"{per[n]['ratio_vs_ours_none']:>{w - 9}.2f}x / {per[n]['mean_accepted_length'] or 0:>4.2f}"
-                for n, w in zip(names, widths, strict=True)
-            )
-            lines.append(f"{cat:<14}{cells}")
+    surf = result["cost_surface_ms"]
+    lines.append("verify cost surface (ms; rows = batch size, columns = tokens per row "
+                 + "/".join(map(str, surf["widths"])) + "):")
+    for b, ms in zip(surf["batches"], surf["ms"], strict=True):
+        lines.append(f"  {b:>4}: " + " ".join(f"{m:8.1f}" for m in ms))
     return "\n".join(lines)
+
