@@ -6,8 +6,9 @@ from sqlalchemy import create_engine, inspect, text
 
 from api.cli import cli
 from core.store.models import Base
+from migrations import head_revision
 
-TABLES = {"jobs", "items", "results", "metrics", "alembic_version"}
+TABLES = {"jobs", "items", "results", "metrics", "workers", "alembic_version"}
 
 
 def _check_schema(url):
@@ -19,7 +20,9 @@ def _check_schema(url):
             have = {c["name"] for c in insp.get_columns(table.name)}
             assert have == {c.name for c in table.columns}, table.name
         assert {u["name"] for u in insp.get_unique_constraints("results")} == {"uq_results_item_id"}
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
+        assert head_revision() == "0002"
+        version = conn.execute(text("select version_num from alembic_version")).scalar()
+        assert version == head_revision()
     engine.dispose()
 
 
