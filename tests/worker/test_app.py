@@ -85,7 +85,7 @@ def test_database_errors_retry_the_chunk(monkeypatch):
 
     calls = []
 
-    def flaky(settings, job_id, item_ids):
+    def flaky(settings, job_id, item_ids, app=None):
         calls.append((settings.database_url, job_id, item_ids))
         if len(calls) < 3:
             raise OperationalError("UPDATE items", {}, Exception("database is locked"))
