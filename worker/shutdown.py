@@ -19,6 +19,7 @@ from celery import signals
 
 log = logging.getLogger(__name__)
 _requested = threading.Event()
+_armed_in: int | None = None  # the pid whose SIGTERM handler is ours
 
 
 def requested() -> bool:
@@ -37,9 +38,21 @@ def _on_signal(signum: int, _frame) -> None:
 
 
 def _in_pool_process(**_kwargs) -> None:
+    """A pool process starts: SIGUSR2 from the main process is the stop request."""
     _requested.clear()
     signal.signal(signal.SIGUSR2, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+
+
+def _before_task(**_kwargs) -> None:
+    """The first task of a pool process: its first SIGTERM becomes the stop request too.
+
+    Not at process start: billiard installs its own SIGTERM handler (exit at once) after
+    Celery's process initializer has run.
+    """
+    global _armed_in
+    if _armed_in != os.getpid():
+        _armed_in = os.getpid()
+        signal.signal(signal.SIGTERM, _on_signal)
 
 
 def _forward(worker):
@@ -73,6 +86,7 @@ def connect() -> None:
     signals.worker_process_init.connect(
         _in_pool_process, weak=False, dispatch_uid="applespec-pool-shutdown"
     )
+    signals.task_prerun.connect(_before_task, weak=False, dispatch_uid="applespec-task-shutdown")
 
 
 def stop_worker() -> None:

@@ -85,6 +85,8 @@ def test_a_pool_process_takes_sigusr2_or_a_first_sigterm_as_the_stop_request():
     old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR2)
     try:
         shutdown._in_pool_process()
+        shutdown._armed_in = None
+        shutdown._before_task()
         assert not shutdown.requested()
         os.kill(os.getpid(), signal.SIGTERM)  # the first SIGTERM: finish, hand back
         time.sleep(0.05)

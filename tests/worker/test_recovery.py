@@ -139,9 +139,11 @@ def test_a_chunk_slower_than_the_visibility_timeout_is_not_run_twice(tmp_path):
         store.dispose()
 
 
-def test_warm_shutdown_finishes_the_item_in_progress_and_hands_the_rest_back(tmp_path):
+@pytest.mark.parametrize("target", ["main", "group"])
+def test_warm_shutdown_finishes_the_item_in_progress_and_hands_the_rest_back(tmp_path, target):
+    """SIGTERM to the main process (`kill PID`) or to the whole group (systemd's default)."""
     db = f"sqlite:///{tmp_path / 'warm.db'}"
-    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="1")
+    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="0.6")
     upgrade(db)
     model = unique_model()
     store = Store(db)
@@ -150,9 +152,12 @@ def test_warm_shutdown_finishes_the_item_in_progress_and_hands_the_rest_back(tmp
     try:
         a.wait_ready()
         path = write_prompts(tmp_path / "job.jsonl", [f"w{i:02d}" for i in range(12)], 4)
-        job_id = submit(env, path, model, "--chunk-size", "12")  # one chunk of ~12 s
+        job_id = submit(env, path, model, "--chunk-size", "12")  # one chunk of ~8 s
         store.wait_for(lambda: store.job(job_id).completed >= 2, 60, "two completed items")
-        os.kill(a.pid, signal.SIGTERM)  # the main process only, like `kill PID` or systemd
+        if target == "main":
+            os.kill(a.pid, signal.SIGTERM)
+        else:
+            os.killpg(a.pid, signal.SIGTERM)
         stopping = time.monotonic()
         a.proc.wait(timeout=20)
         stopped_in = time.monotonic() - stopping
