@@ -86,9 +86,9 @@ def submit_lines(
         ModelError: the model's tokenizer cannot be loaded.
         DraftNotAllowed: `draft` names a path or an unknown model (core.draft_policy).
         JobTooLarge: the lines are more than APPLESPEC_MAX_LINES requests.
-        ValueError: no requests at all (blank lines only).
         IdempotencyConflict: the key names a job submitted differently.
-        ValueError: a bad override, chunk size, or a name too long for the store.
+        ValueError: no requests at all (blank lines only), a bad override or chunk size, or
+            a name too long for the store.
         BrokerUnavailable: Redis is down; when the job was already stored, a worker's sweep
             queues it once the broker is back.
     """

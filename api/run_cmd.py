@@ -100,10 +100,6 @@ def read_job_file(path: str, settings: Settings):
         raise click.ClickException(f"cannot read {path}: {e.strerror or e}") from e
 
 
-def no_requests(path: str) -> click.ClickException:
-    return click.ClickException(f"{path} has no requests")
-
-
 def open_output(path: str):
     """Open an output file for writing; a path that cannot be written is a one-line error."""
     try:
@@ -169,7 +165,7 @@ def run_cmd(
     except ValueError as e:  # JobTooLarge, an override past the limits
         raise click.ClickException(str(e)) from e
     if not requests and not bad:
-        raise no_requests(input_file)
+        raise click.ClickException(f"{input_file} has no requests")
     with contextlib.ExitStack() as stack:
         # Open the outputs before the job exists: a bad path is a one-line error, not a
         # job left in progress.

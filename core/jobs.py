@@ -466,6 +466,8 @@ def _parse_request(number: int, custom_id: str, obj: dict[str, Any], ctx: _Conte
         url = CHAT_URL
         body = {k: v for k, v in obj.items() if k != "custom_id"}
         where = ""
+        if "messages" in body:
+            raise _Bad("unknown_parameter", "messages is not a field of a prompt line")
         prompt, messages = _check_prompt(body.pop("prompt"), where), None
     else:
         for key in obj:

@@ -107,6 +107,11 @@ BAD_LINES = [
         "unknown_parameter",
         "temprature",
     ),
+    (
+        json.dumps({"custom_id": "a", "prompt": "x", "messages": []}),
+        "unknown_parameter",
+        "messages is not a field of a prompt line",
+    ),
     (chat(n=0), "invalid_parameter", "body.n must be an integer from 1 to 128"),
     (chat(stop=[""]), "invalid_parameter", "body.stop must be"),
     (chat(stop=[[1, -2]]), "invalid_parameter", "body.stop must be"),
