@@ -80,8 +80,8 @@ class Heartbeat:
                 self._held.pop(i)
         if lost:
             log.warning(
-                "%s lost the lease of %d item(s) %s: finished elsewhere, or taken over after "
-                "a missed heartbeat",
+                "%s no longer holds %d item(s) %s: done or cancelled meanwhile, or taken over "
+                "after missed heartbeats",
                 self.worker,
                 len(lost),
                 sorted(lost)[:10],

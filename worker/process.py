@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core.draft_policy import DraftNotAllowed
 from core.engine.model import ModelError
 from core.jobs import JobRequest, completion_body, run_request
 from core.store import repo
@@ -98,7 +99,13 @@ def process_item(
         engine = engine_for(job)
         result = run_request(engine, request)
     except Exception as e:  # a bad item fails alone; the chunk goes on
-        code = "model_error" if isinstance(e, ModelError) else "engine_error"
+        code = (
+            "model_error"
+            if isinstance(e, ModelError)
+            else "invalid_drafter"
+            if isinstance(e, DraftNotAllowed)
+            else "engine_error"
+        )
         error = {"code": code, "message": f"line {item.line}: {type(e).__name__}: {e}"}
         repo.fail_item(session, item.id, **error)
         return Outcome(item.line, item.custom_id, error=error)

@@ -39,6 +39,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     event.listen(engine, "connect", _sqlite_pragmas)
     if parsed.database and parsed.database != ":memory:" and "mode=memory" not in url:
         guard = _FileGuard(Path(parsed.database).expanduser())
+        event.listen(engine, "do_connect", guard.before_connect)
         event.listen(engine, "connect", guard.on_connect)
         event.listen(engine, "begin", guard.check)
     event.listen(engine, "begin", _sqlite_begin)
@@ -58,6 +59,11 @@ class _FileGuard:
         except FileNotFoundError:
             return None
         return st.st_dev, st.st_ino
+
+    def before_connect(self, *_args: Any) -> None:
+        # Once a file was opened, a new connection must not create an empty one in its place.
+        if self.identity is not None:
+            self.check()
 
     def on_connect(self, _dbapi_connection: Any, _record: Any) -> None:
         if self.identity is None:  # SQLite has just created the file

@@ -36,6 +36,22 @@ def test_a_gone_file_is_store_gone(tmp_path, how):
         assert not path.exists()  # no empty database was created in its place
 
 
+def test_a_new_connection_does_not_create_an_empty_file_in_its_place(tmp_path):
+    from sqlalchemy.pool import NullPool
+
+    path = tmp_path / "c.db"
+    upgrade(f"sqlite:///{path}")
+    engine = make_engine(f"sqlite:///{path}", poolclass=NullPool)  # a connection per session
+    sessions = make_sessionmaker(engine)
+    assert _select(sessions) == 0
+    path.unlink()
+    for _ in range(2):
+        with pytest.raises(StoreGone, match="was deleted or moved"):
+            _select(sessions)
+    assert not path.exists()
+    engine.dispose()
+
+
 def test_a_new_file_is_fine_for_a_new_engine(tmp_path):
     url = f"sqlite:///{tmp_path / 'b.db'}"
     upgrade(url)
