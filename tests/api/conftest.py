@@ -1,5 +1,7 @@
 import pytest
 
+from tests.store.conftest import postgres_url, sqlite_url  # noqa: F401 - both stores
+
 
 @pytest.fixture(autouse=True)
 def store(tmp_path, monkeypatch):
@@ -7,6 +9,3 @@ def store(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'applespec.db'}"
     monkeypatch.setenv("APPLESPEC_DATABASE_URL", url)
     return url
-
-
-from tests.store.conftest import postgres_url, sqlite_url  # noqa: E402, F401 - both stores

@@ -1,12 +1,13 @@
 """`applespec db upgrade` on empty SQLite and PostgreSQL databases."""
 
 import pytest
+from alembic import command
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
 from api.cli import cli
 from core.store.models import Base
-from migrations import head_revision
+from migrations import alembic_config, head_revision
 
 TABLES = {"jobs", "items", "results", "metrics", "workers", "alembic_version"}
 
@@ -37,6 +38,11 @@ def test_db_upgrade_on_an_empty_database(backend, request, monkeypatch):
     _check_schema(url)
     again = runner.invoke(cli, ["db", "upgrade"])  # idempotent
     assert again.exit_code == 0, again.output
+    down = runner.invoke(cli, ["db", "upgrade", "--revision", "0001"])
+    assert down.exit_code == 0, down.output  # already past it: a no-op
+    command.downgrade(alembic_config(url), "0001")  # 0002 comes off cleanly
+    command.upgrade(alembic_config(url), "head")
+    _check_schema(url)
 
 
 def test_db_upgrade_with_an_unreachable_database_is_one_line(monkeypatch):
