@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -391,14 +392,18 @@ def _decode(raw: str | bytes | LongLine, number: int, limits: JobLimits) -> dict
         ):
             raise _too_long(len(text.encode("utf-8", "surrogatepass")), limits)
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = _DECODER.decode(text)
     except json.JSONDecodeError as e:
         raise _Bad("invalid_json", f"invalid JSON: {e.msg} (column {e.colno})") from None
     except RecursionError:
         raise _Bad("too_deep", f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:  # NaN/Infinity, integers of thousands of digits
         raise _Bad("invalid_json", f"invalid JSON: {_clip(str(e))}") from None
-    _check_tree(obj)
+    # The walk only when the text allows a problem: enough brackets to nest that deep, or a
+    # surrogate (escaped, or in a str line given directly).
+    deep = text.count("[") + text.count("{") > MAX_DEPTH
+    if deep or _SURROGATE_ESCAPE.search(text) or not _valid_text(text):
+        _check_tree(obj)
     if not isinstance(obj, dict):
         raise _Bad("invalid_request", f"expected a JSON object, got {_kind(obj)}")
     return obj
@@ -416,35 +421,60 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _check_tree(obj: Any) -> None:
     """Nesting depth and valid Unicode (no lone surrogates) everywhere in a parsed line."""
-    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
-        value, depth, path = stack.pop()
+        value, depth = stack.pop()
         if isinstance(value, str):
-            _check_text(value, path)
+            if not _valid_text(value):
+                _raise_bad_text(obj)
         elif isinstance(value, dict | list):
             if depth > MAX_DEPTH:
                 raise _Bad("too_deep", f"JSON nested deeper than {MAX_DEPTH} levels")
             if isinstance(value, dict):
                 for k, v in value.items():
-                    _check_text(k, f"{path}.{k}" if path else k)
-                    stack.append((v, depth + 1, f"{path}.{k}" if path else k))
+                    if not _valid_text(k):
+                        _raise_bad_text(obj)
+                    stack.append((v, depth + 1))
             else:
-                stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(value))
+                stack.extend((v, depth + 1) for v in value)
 
 
-def _check_text(s: str, path: str) -> None:
+def _valid_text(s: str) -> bool:
     if s.isascii():
-        return
+        return True
     try:
         s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        where = f" in {_clip(path, 60)}" if path else ""
-        raise _Bad(
-            "invalid_text",
-            f"a lone surrogate ({s[e.start]!r}){where} is not valid Unicode text",
-        ) from None
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raise_bad_text(obj: Any) -> None:
+    """Find where the lone surrogate is (a second, slower walk) and say so."""
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        value, path = stack.pop()
+        texts = [(value, path)] if isinstance(value, str) else []
+        if isinstance(value, dict):
+            for k, v in value.items():
+                where = f"{path}.{k}" if path else k
+                texts.append((k, where))
+                stack.append((v, where))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+        for text, where in texts:
+            if not _valid_text(text):
+                bad = next(c for c in text if 0xD800 <= ord(c) <= 0xDFFF)
+                at = f" in {_clip(_show(where, quote=False), 60)}" if where else ""
+                raise _Bad(
+                    "invalid_text", f"a lone surrogate ({bad!r}){at} is not valid Unicode text"
+                )
 
 
 def _custom_id(obj: dict[str, Any]) -> str:

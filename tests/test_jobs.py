@@ -469,6 +469,14 @@ def test_a_huge_line_is_never_read_whole(tmp_path):
         iter_job_file(path, JobLimits(file_bytes=100))
 
 
+def test_a_raw_surrogate_in_a_text_line_and_brackets_inside_strings():
+    raw = '{"custom_id": "a", "prompt": "x \ud800"}'  # the character itself, not an escape
+    brackets = json.dumps({"custom_id": "b", "prompt": "[" * 200 + "{" * 200})
+    requests, errors = parse_job([raw, brackets])
+    assert [r.custom_id for r in requests] == ["b"]  # many brackets, but in a string
+    assert errors[0].code == "invalid_text" and "in prompt" in errors[0].message
+
+
 def test_text_lines_past_the_limit_and_a_byte_order_mark():
     long = json.dumps({"custom_id": "l", "prompt": "é" * 600})  # 1200+ bytes, 600+ chars
     bom = b"\xef\xbb\xbf" + json.dumps({"custom_id": "b", "prompt": "p"}).encode()
