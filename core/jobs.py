@@ -774,11 +774,6 @@ def _stream_lines(f: Any, limit: int) -> Iterator[bytes | LongLine]:
             yield LongLine(n - (len(line) - len(line.rstrip(b"\r\n"))))
 
 
-def read_lines(path: str | os.PathLike, limits: JobLimits | None = None) -> list[bytes | LongLine]:
-    """A job file's lines (see `iter_job_file`) as a list."""
-    return list(iter_job_file(path, limits))
-
-
 def output_line(
     job_id: str,
     line: int,
