@@ -34,6 +34,11 @@ class Settings:
         chunk_size: APPLESPEC_CHUNK_SIZE, items per Celery task.
         sweep_interval: APPLESPEC_SWEEP_INTERVAL (s), how often a worker checks that the broker
             still holds the queued chunks (it re-enqueues them after a broker restart lost them).
+        serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
+            batch on when its lines name one (`model` is always served); any other body.model
+            runs on `model`.
+        max_upload_bytes: APPLESPEC_MAX_UPLOAD_BYTES, the largest file `POST /v1/files` takes.
+        max_upload_lines: APPLESPEC_MAX_UPLOAD_LINES, the most requests one uploaded file holds.
     """
 
     database_url: str
@@ -43,6 +48,9 @@ class Settings:
     visibility_timeout: int = 3600
     chunk_size: int = 8
     sweep_interval: float = 10.0
+    serve_models: tuple[str, ...] = ()
+    max_upload_bytes: int = 100 * 1024 * 1024
+    max_upload_lines: int = 50_000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -57,4 +65,7 @@ class Settings:
             visibility_timeout=int(get("VISIBILITY_TIMEOUT", str(cls.visibility_timeout))),
             chunk_size=int(get("CHUNK_SIZE", str(cls.chunk_size))),
             sweep_interval=float(get("SWEEP_INTERVAL", str(cls.sweep_interval))),
+            serve_models=tuple(m.strip() for m in get("SERVE_MODELS", "").split(",") if m.strip()),
+            max_upload_bytes=int(get("MAX_UPLOAD_BYTES", str(cls.max_upload_bytes))),
+            max_upload_lines=int(get("MAX_UPLOAD_LINES", str(cls.max_upload_lines))),
         )

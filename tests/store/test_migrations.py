@@ -6,8 +6,15 @@ from sqlalchemy import create_engine, inspect, text
 
 from api.cli import cli
 from core.store.models import Base
+from migrations import alembic_config
 
-TABLES = {"jobs", "items", "results", "metrics", "alembic_version"}
+TABLES = {"jobs", "items", "results", "metrics", "api_keys", "files", "batches", "alembic_version"}
+
+
+def _head() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def _check_schema(url):
@@ -19,7 +26,7 @@ def _check_schema(url):
             have = {c["name"] for c in insp.get_columns(table.name)}
             assert have == {c.name for c in table.columns}, table.name
         assert {u["name"] for u in insp.get_unique_constraints("results")} == {"uq_results_item_id"}
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
+        assert conn.execute(text("select version_num from alembic_version")).scalar() == _head()
     engine.dispose()
 
 
