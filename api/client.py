@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +55,17 @@ def submit_lines(
     chunk_size: int | None = None,
     input_file: str | None = None,
     sessions=None,
+    target=None,
+    any_model_name: bool = False,
+    on_create: Callable[[Any, Any], None] | None = None,
 ) -> tuple[dict[str, Any], list[LineError]]:
     """Validate job lines, store the job and queue its valid items in chunks.
+
+    Args:
+        target: the loaded model, when the caller keeps one (else it is loaded here).
+        any_model_name: accept any body "model" (see core.jobs.validate_for).
+        on_create: called as `on_create(session, job)` once the job is stored, in the same
+            transaction (the HTTP API attaches its batch row there).
 
     Returns:
         The job summary (`applespec status --json`, plus queue and chunks) and the bad lines.
@@ -71,8 +80,8 @@ def submit_lines(
     from worker.app import create_app, queue_name
     from worker.enqueue import broker_epoch, enqueue
 
-    target = load_model(model)
-    requests, bad = validate_for(lines, model, target, overrides)
+    target = target or load_model(model)
+    requests, bad = validate_for(lines, model, target, overrides, any_model_name=any_model_name)
     try:
         epoch = broker_epoch(settings.broker_url)
     except Exception as e:
@@ -91,6 +100,8 @@ def submit_lines(
             requests=requests,
             errors=bad,
         )
+        if on_create is not None:
+            on_create(s, job)
         repo.mark_in_progress(s, job.id, broker_epoch=epoch)
         s.commit()
         ids = repo.open_item_ids(s, job.id)

@@ -302,12 +302,21 @@ def prompt_tokens(target: Any, request: JobRequest) -> list[int]:
 
 
 def validate_for(
-    lines: Iterable[str], spec: str, target: Any, overrides: Mapping[str, Any] | None = None
+    lines: Iterable[str],
+    spec: str,
+    target: Any,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    any_model_name: bool = False,
 ) -> tuple[list[JobRequest], list[LineError]]:
-    """parse_job for a loaded target: its names, its tokenizer and its context length."""
+    """parse_job for a loaded target: its names, its tokenizer and its context length.
+
+    With `any_model_name`, a line's body "model" is not checked (the HTTP API runs lines
+    naming a model the farm does not serve on its default model).
+    """
     return parse_job(
         lines,
-        model_names=model_names(spec, target),
+        model_names=() if any_model_name else model_names(spec, target),
         overrides=overrides,
         count_tokens=lambda r: len(prompt_tokens(target, r)),
         context_length=target.context_length,
