@@ -1,0 +1,146 @@
+"""The dashboard in a real headless browser (Debian's chromium through its chromedriver).
+
+A job is submitted over HTTP while no worker serves its model, `/` shows it at 0 done; then
+a worker starts and the page, never reloaded, shows its progress move to the end. The job
+page's charts are then found drawn. Screenshots land in the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from migrations import upgrade
+from tests.worker.service import Store, Worker, service_env, unique_model
+
+from .flow import request_line, write_jsonl
+from .server import Server
+
+pytestmark = pytest.mark.service
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+CHARTS = ("chart-acceptance", "chart-positions", "chart-time", "chart-workers", "chart-wait")
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip(
+            "no browser: Debian's chromium and chromium-driver are not installed "
+            "(make setup installs them where apt is usable)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
+    from openai import OpenAI
+    from selenium.webdriver.common.by import By
+
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    model = unique_model()
+    env = service_env(db, APPLESPEC_MODEL=model)
+    upgrade(db)
+    server = Server(env, tmp_path / "server.log")
+    worker = None
+    store = Store(db)
+    try:
+        server.wait_ready()
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        total = 120
+        lines = [request_line(f"r{i}", f"Review {i}: fine, fine, fine", 32) for i in range(total)]
+        file = client.files.create(
+            file=open(write_jsonl(tmp_path / "job.jsonl", lines), "rb"), purpose="batch"
+        )
+        batch = client.batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+
+        browser.get(server.url + "/")
+        row = f'tr[data-job="{batch.id}"]'
+
+        def progress() -> str | None:
+            found = browser.find_elements(By.CSS_SELECTOR, f"{row} .progress-text")
+            return found[0].text if found else None
+
+        assert wait_for(progress, 20, "the job's row") == f"0/{total}"
+        browser.execute_script("window.notReloaded = true;")
+        browser.save_screenshot(str(tmp_path / "dashboard-queued.png"))
+
+        worker = Worker(env, model, tmp_path / "worker.log")
+        seen = [progress()]
+        deadline = time.monotonic() + 150
+        while seen[-1] != f"{total}/{total}":
+            assert time.monotonic() < deadline, f"progress stuck at {seen[-1]}"
+            now = progress()
+            if now != seen[-1]:
+                seen.append(now)
+                if len(seen) == 3:
+                    browser.save_screenshot(str(tmp_path / "dashboard-running.png"))
+            time.sleep(0.2)
+        assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
+        done = [int(p.split("/")[0]) for p in seen]
+        assert done == sorted(done) and any(0 < n < total for n in done), seen
+        width = browser.find_element(By.CSS_SELECTOR, f"{row} .fill").get_attribute("style")
+        assert "100%" in width
+        wait_for(
+            lambda: browser.find_element(By.CSS_SELECTOR, f"{row} .status").text == "completed",
+            10,
+            "the completed status",
+        )
+        assert wait_for(
+            lambda: browser.find_element(By.ID, "worker-count").text == "1", 15, "a worker online"
+        )
+        browser.save_screenshot(str(tmp_path / "dashboard.png"))
+
+        browser.find_element(By.CSS_SELECTOR, f"{row} a").click()
+        wait_for(lambda: batch.id in browser.title, 10, "the job page")
+        for chart in CHARTS:
+            points = wait_for(
+                lambda chart=chart: browser.execute_script(
+                    "const c = Chart.getChart(arguments[0]);"
+                    "return c ? c.data.datasets[0].data.filter((v) => v !== null).length : 0;",
+                    chart,
+                ),
+                10,
+                f"{chart} drawn",
+            )
+            assert points > 0, chart
+            drawn = browser.execute_script(
+                "const c = document.getElementById(arguments[0]);"
+                "const blank = document.createElement('canvas');"
+                "blank.width = c.width; blank.height = c.height;"
+                "return c.width > 0 && c.toDataURL() !== blank.toDataURL();",
+                chart,
+            )
+            assert drawn, f"{chart} is blank"
+        assert browser.find_element(By.ID, "status").text == "completed"
+        browser.save_screenshot(str(tmp_path / "job.png"))
+        assert (tmp_path / "job.png").stat().st_size > 10_000
+    finally:
+        server.stop()
+        if worker is not None:
+            worker.stop()
+        store.dispose()
