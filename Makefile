@@ -46,7 +46,7 @@ lint: setup
 
 farm: setup
 	@# `worker` runs the migrations itself; honcho would stop everything when `release` exits.
-	@# `web` is the HTTP API and dashboard on http://127.0.0.1:8000 (PORT, APPLESPEC_HOST).
+	@# `web` is the HTTP API and dashboard on http://127.0.0.1:8000 (APPLESPEC_HOST, APPLESPEC_PORT).
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start worker web
 
 clean:

@@ -111,7 +111,9 @@ def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
             "the completed status",
         )
         assert wait_for(
-            lambda: browser.find_element(By.ID, "worker-count").text == "1", 15, "a worker online"
+            lambda: f"applespec.{model}" in browser.find_element(By.ID, "workers").text,
+            15,
+            "the job's worker online",
         )
         browser.save_screenshot(str(tmp_path / "dashboard.png"))
 

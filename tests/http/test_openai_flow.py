@@ -194,7 +194,9 @@ def test_metrics_match_the_store(farm, finished):
     _, values = farm.store.wait_for(
         lambda: (got := scrape())[1].get("applespec_workers_online") and got, 20, "workers online"
     )
-    assert values["applespec_workers_online"] == 1
+    # Other workers may share this Redis; this farm's own is among those online.
+    assert values["applespec_workers_online"] >= 1
+    assert f'applespec_queue_chunks{{queue="applespec.{farm.model}"}}' in values
     label = f'{{model_name="{farm.model}"}}'
     with farm.store.sessions() as s:
         rows = s.scalars(select(Metric)).all()

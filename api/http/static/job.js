@@ -34,7 +34,7 @@
   function bar(labels, data, xTitle, yTitle) {
     return {
       type: "bar",
-      data: {labels, datasets: [{data, backgroundColor: COLORS[0]}]},
+      data: {labels, datasets: [{data, backgroundColor: COLORS[0], maxBarThickness: 90}]},
       options: {plugins: {legend: {display: false}},
                 scales: {x: {title: {display: true, text: xTitle}},
                          y: {beginAtZero: true, title: {display: true, text: yTitle}}}},
@@ -70,7 +70,7 @@
     cards(s);
     const items = s.items, labels = range(items.acceptance.length).map((i) => i * items.bucket);
     draw("chart-acceptance", line(labels, [
-      {label: "per item", data: items.acceptance, showLine: false},
+      {label: "per item", data: items.acceptance, showLine: false, pointRadius: 1.5},
       {label: "cumulative", data: items.cumulative_acceptance, pointRadius: 0},
     ], "accepted / drafted", 1));
     draw("chart-positions", bar(range(s.per_position.length), s.per_position,
