@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
@@ -169,7 +170,8 @@ def file_content(
         with reader() as s:
             yield from files.content_chunks(s, f)
 
-    headers = {"Content-Disposition": f'attachment; filename="{f.filename}"'}
+    # The name as uploaded, percent-encoded: quotes or newlines in it cannot break the header.
+    headers = {"Content-Disposition": f"attachment; filename*=UTF-8''{quote(f.filename)}"}
     if f.job_id is None:
         headers["Content-Length"] = str(f.size)
     return StreamingResponse(chunks(), media_type="application/octet-stream", headers=headers)

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from . import repo
-from .models import Item, Job, Metric
+from .models import JOB_DONE, Item, Job, Metric
 
 PHASES = ("draft_s", "verify_s", "accept_s", "cache_s")
 MAX_POINTS = 2000  # per-item series longer than this are averaged in equal buckets
@@ -165,11 +165,15 @@ def jobs_overview(session: Session, limit: int = 50) -> list[dict[str, Any]]:
 
 
 def open_work(session: Session) -> list[dict[str, Any]]:
-    """Items pending and running per model and queue, over the unfinished jobs."""
+    """Items pending and running per model and queue, over the unfinished jobs.
+
+    A finished job has no open items (its status is derived from them), so only unfinished
+    jobs' items are counted, through the (job_id, status) index.
+    """
     rows = session.execute(
         select(Job.model, Job.queue, Item.status, func.count())
         .join(Item, Item.job_id == Job.id)
-        .where(Item.status.in_(("pending", "running")))
+        .where(Job.status.not_in(JOB_DONE), Item.status.in_(("pending", "running")))
         .group_by(Job.model, Job.queue, Item.status)
     )
     work: dict[tuple[str, str | None], dict[str, Any]] = {}

@@ -188,3 +188,27 @@ def test_deleted_file_is_gone(farm):
         client.batches.create(
             input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
+
+
+def test_one_broken_line_is_that_line_s_error_not_the_file_s(farm):
+    client = farm.client()
+    data = jsonl(LINE) + b'{"custom_id": "b", "prompt": \n' + jsonl({**LINE, "custom_id": "c"})
+    file = upload(client, data, name="résumé.jsonl")
+    batch = wait_done(
+        client,
+        client.batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id,
+    )
+    assert batch.request_counts.completed == 2 and batch.request_counts.failed == 1
+    (error,) = [json.loads(x) for x in client.files.content(batch.error_file_id).text.splitlines()]
+    assert error["error"]["code"] == "invalid_json"
+    assert error["error"]["message"].startswith("line 2: invalid JSON")
+    assert client.files.content(file.id).content == data
+    assert client.files.retrieve(file.id).filename == "résumé.jsonl"
+    r = httpx.get(
+        f"{farm.base_url}/files/{file.id}/content",
+        headers={"Authorization": f"Bearer {farm.key}"},
+        timeout=10,
+    )
+    assert r.headers["content-disposition"] == "attachment; filename*=UTF-8''r%C3%A9sum%C3%A9.jsonl"

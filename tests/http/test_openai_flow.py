@@ -216,6 +216,7 @@ def test_metrics_match_the_store(farm, finished):
     assert values[f"applespec_items_completed_total{label}"] == statuses.count("completed")
     failed = statuses.count("failed") + statuses.count("invalid")
     assert values[f"applespec_items_failed_total{label}"] == failed
+    assert values[f"applespec_items_cancelled_total{label}"] == statuses.count("cancelled") > 0
     assert values[f"vllm:num_requests_waiting{label}"] == statuses.count("pending") == 0
     assert values[f"applespec_queue_depth{label}"] == 0
     assert f"applespec_tokens_per_second{label}" in values
