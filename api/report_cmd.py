@@ -116,7 +116,7 @@ def figures(series: dict[str, Any]) -> list[tuple[str, bytes]]:
         rows = [w for w in series["workers"] if w["tokens_per_s"] is not None]
         if not rows:
             return False
-        ax.bar([w["worker"] for w in rows], [w["tokens_per_s"] for w in rows], color="#b34ea8")
+        ax.bar([w["host"] for w in rows], [w["tokens_per_s"] for w in rows], color="#b34ea8")
         ax.set_ylabel("tokens/s")
         ax.tick_params(axis="x", labelsize=7)
         return True
@@ -134,7 +134,7 @@ def figures(series: dict[str, Any]) -> list[tuple[str, bytes]]:
     emit("Acceptance rate over items, in finish order", acceptance)
     emit("Accepted tokens per draft position", positions)
     emit("Engine time split", time_split)
-    emit("Tokens/s per worker", workers)
+    emit("Tokens/s per worker host", workers)
     emit("Queue wait per item, in finish order", queue_wait)
     if items["batch_size"] is not None:
 
@@ -200,7 +200,7 @@ def report_cmd(job_id: str, output: str) -> None:
     """Write a job's report: a self-contained HTML file with its figures.
 
     Acceptance over the items in finish order, accepted tokens per draft position, the
-    draft / verify / accept / cache time split, tokens/s per worker and queue wait, as
+    draft / verify / accept / cache time split, tokens/s per worker host and queue wait, as
     embedded PNGs, above the numbers of `applespec status JOB --json`.
 
     \b

@@ -24,7 +24,12 @@ from core.settings import Settings
     show_default=True,
     envvar="APPLESPEC_PORT",
 )
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
 def serve_cmd(host: str, port: int, log_level: str) -> None:
     """Serve the OpenAI Batch API at /v1, the live dashboard at / and /metrics.
 

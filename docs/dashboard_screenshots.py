@@ -1,6 +1,6 @@
 """Take the README's dashboard screenshots against a running farm (headless Debian chromium).
 
-    APPLESPEC_MODEL=tiny-random:777 make farm          # in one terminal
+    APPLESPEC_MODEL=tiny-random:779 APPLESPEC_CHUNK_SIZE=4 make farm   # in one terminal
     .venv/bin/python docs/dashboard_screenshots.py     # in another: docs/dashboard*.png
 
 It submits three demo batches through the `openai` package, waits until the last one is

@@ -2,7 +2,7 @@
 
 One function computes every figure's data, so the live page and the mailed report show the
 same numbers: acceptance over the items in the order they finished, accepted tokens per
-draft position, the draft / verify / accept / cache time split, tokens/s per worker, queue
+draft position, the draft / verify / accept / cache time split, tokens/s per worker host, queue
 wait, and the engine's batch size when it reports one (`timing.batch_size`).
 """
 
@@ -75,9 +75,13 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
         for p in PHASES:
             phases[p] += getattr(r, p) or 0.0
         engine_s += r.total_s or 0.0
+        # worker_host is host:pid; a host's processes together are what its machine did.
+        host = r.worker_host.rsplit(":", 1)[0]
         w = workers.setdefault(
-            r.worker_host, {"tokens": 0, "items": 0, "engine_s": 0.0, "first": None, "last": None}
+            host,
+            {"tokens": 0, "items": 0, "engine_s": 0.0, "first": None, "last": None, "pids": set()},
         )
+        w["pids"].add(r.worker_host)
         w["tokens"] += r.completion_tokens or 0
         w["items"] += 1
         w["engine_s"] += r.total_s or 0.0
@@ -104,10 +108,11 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
         "time_split": {**{p.removesuffix("_s"): phases[p] for p in PHASES}, "other": other},
         "workers": [
             {
-                "worker": host,
+                "host": host,
+                "processes": len(w["pids"]),
                 "items": w["items"],
                 "tokens": w["tokens"],
-                # Wall-clock over the worker's span in this job: right under batching too.
+                # Wall-clock over the host's span in this job: right under batching too.
                 "tokens_per_s": w["tokens"] / span if (span := _span(w)) > 0 else None,
                 "engine_tokens_per_s": w["tokens"] / w["engine_s"] if w["engine_s"] > 0 else None,
             }

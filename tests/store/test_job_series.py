@@ -55,7 +55,7 @@ def test_series_in_finish_order_with_sums(sessions):
         # Finish order differs from line order: 3rd, 1st, 2nd.
         _finish(s, ids[2], "a:1", 4, 4, [2, 1, 1], wait=1.0)
         _finish(s, ids[0], "b:2", 4, 0, [0], wait=2.0)
-        _finish(s, ids[1], "a:1", 0, 0, [], wait=3.0)
+        _finish(s, ids[1], "a:7", 0, 0, [], wait=3.0)  # another process on host a
         series = job_series.job_series(s, job_id)
     items = series["items"]
     assert items["acceptance"] == [1.0, 0.0, None]  # no drafts: no rate, not 0
@@ -66,9 +66,10 @@ def test_series_in_finish_order_with_sums(sessions):
     split = series["time_split"]
     assert split["draft"] == pytest.approx(0.3) and split["verify"] == pytest.approx(0.6)
     assert split["other"] == pytest.approx(1.5 - 0.3 - 0.6 - 0.15 - 0.03)
-    workers = {w["worker"]: w for w in series["workers"]}
-    assert workers["a:1"]["items"] == 2 and workers["a:1"]["tokens"] == 8
-    assert workers["b:2"]["engine_tokens_per_s"] == pytest.approx(4 / 0.5)
+    workers = {w["host"]: w for w in series["workers"]}  # host:pid grouped by host
+    assert workers["a"]["items"] == 2 and workers["a"]["tokens"] == 8
+    assert workers["a"]["processes"] == 2
+    assert workers["b"]["engine_tokens_per_s"] == pytest.approx(4 / 0.5)
     assert series["summary"]["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
     assert series["totals"]["accepted_tokens"] == 4 and series["totals"]["draft_tokens"] == 8
 

@@ -82,8 +82,8 @@
              datasets: [{data: Object.values(split), backgroundColor: COLORS}]},
       options: {plugins: {legend: {position: "right"}}},
     });
-    draw("chart-workers", bar(s.workers.map((w) => w.worker), s.workers.map((w) => w.tokens_per_s),
-      "worker", "tokens/s"));
+    draw("chart-workers", bar(s.workers.map((w) => w.host), s.workers.map((w) => w.tokens_per_s),
+      "worker host", "tokens/s"));
     draw("chart-wait", line(labels, [{label: "queue wait", data: items.queue_wait_s}], "seconds"));
     if (items.batch_size) {
       document.getElementById("batch-figure").hidden = false;
