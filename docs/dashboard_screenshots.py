@@ -4,7 +4,7 @@
     .venv/bin/python docs/dashboard_screenshots.py     # in another: docs/dashboard*.png
 
 It submits three demo batches through the `openai` package, waits until the last one is
-about half done and saves `/` and that job's page.
+about half done and saves `/` (with it running) and the first job's page.
 """
 
 from __future__ import annotations
