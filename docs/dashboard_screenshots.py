@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -84,7 +85,9 @@ def main() -> None:
         options.binary_location = "/usr/bin/chromium"
         for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"):
             options.add_argument(arg)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # OpenBLAS kills it
+        service = Service("/usr/bin/chromedriver", env=env)
+        driver = webdriver.Chrome(service=service, options=options)
         try:
             driver.set_window_size(1300, 590)  # the window, browser chrome included
             driver.get(args.url + "/")

@@ -7,6 +7,7 @@ page's charts are then found drawn. Screenshots land in the test's temporary dir
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -38,7 +39,10 @@ def browser():
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    # `make test` preloads OpenBLAS; inside chromium it kills the GPU process at start.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    service = Service(executable_path=CHROMEDRIVER, env=env)
+    driver = webdriver.Chrome(service=service, options=options)
     try:
         yield driver
     finally:
