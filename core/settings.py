@@ -37,8 +37,9 @@ class Settings:
         serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
             batch on when its lines name one (`model` is always served); any other body.model
             runs on `model`.
-        max_upload_bytes: APPLESPEC_MAX_UPLOAD_BYTES, the largest file `POST /v1/files` takes.
-        max_upload_lines: APPLESPEC_MAX_UPLOAD_LINES, the most requests one uploaded file holds.
+        max_lines: APPLESPEC_MAX_LINES, the most requests a job file uploaded to the HTTP API
+            (`POST /v1/files`) may hold.
+        max_file_bytes: APPLESPEC_MAX_FILE_BYTES, the largest job file it takes.
     """
 
     database_url: str
@@ -49,8 +50,8 @@ class Settings:
     chunk_size: int = 8
     sweep_interval: float = 10.0
     serve_models: tuple[str, ...] = ()
-    max_upload_bytes: int = 100 * 1024 * 1024
-    max_upload_lines: int = 50_000
+    max_lines: int = 50_000
+    max_file_bytes: int = 200 * (1 << 20)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -66,6 +67,6 @@ class Settings:
             chunk_size=int(get("CHUNK_SIZE", str(cls.chunk_size))),
             sweep_interval=float(get("SWEEP_INTERVAL", str(cls.sweep_interval))),
             serve_models=tuple(m.strip() for m in get("SERVE_MODELS", "").split(",") if m.strip()),
-            max_upload_bytes=int(get("MAX_UPLOAD_BYTES", str(cls.max_upload_bytes))),
-            max_upload_lines=int(get("MAX_UPLOAD_LINES", str(cls.max_upload_lines))),
+            max_lines=int(get("MAX_LINES", str(cls.max_lines))),
+            max_file_bytes=int(get("MAX_FILE_BYTES", str(cls.max_file_bytes))),
         )

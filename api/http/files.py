@@ -43,7 +43,7 @@ def too_large(limit: int) -> OpenAIError:
     return OpenAIError(
         413,
         f"the file is larger than this server's upload limit of {limit} bytes "
-        "(APPLESPEC_MAX_UPLOAD_BYTES)",
+        "(APPLESPEC_MAX_FILE_BYTES)",
         param="file",
         code="file_too_large",
     )
@@ -57,7 +57,7 @@ async def create_file(request: Request, key_id: str | None = Depends(owner)) -> 
     read; the file is checked whole (core.store.files.check_upload) before it is stored.
     """
     settings = request.app.state.settings
-    limit = settings.max_upload_bytes
+    limit = settings.max_file_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:  # + form framing
         raise too_large(limit)
@@ -96,7 +96,7 @@ async def create_file(request: Request, key_id: str | None = Depends(owner)) -> 
 
     def store() -> files.File:
         try:
-            lines = files.check_upload(data, settings.max_upload_lines)
+            lines = files.check_upload(data, settings.max_lines)
         except files.BadUpload as e:
             raise OpenAIError(400, e.message, param="file", code=e.code) from e
         with request.app.state.sessions() as s:

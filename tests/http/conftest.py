@@ -17,8 +17,8 @@ from tests.worker.service import Store, Worker, cli_ok, service_env, unique_mode
 from .server import Server
 
 # Small limits, so the limit tests upload little.
-MAX_UPLOAD_BYTES = 64 * 1024
-MAX_UPLOAD_LINES = 200
+MAX_FILE_BYTES = 64 * 1024
+MAX_LINES = 200
 
 
 @contextlib.contextmanager
@@ -74,8 +74,8 @@ def farm(request, tmp_path_factory):
         env = service_env(
             db_url,
             APPLESPEC_MODEL=model,
-            APPLESPEC_MAX_UPLOAD_BYTES=str(MAX_UPLOAD_BYTES),
-            APPLESPEC_MAX_UPLOAD_LINES=str(MAX_UPLOAD_LINES),
+            APPLESPEC_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
+            APPLESPEC_MAX_LINES=str(MAX_LINES),
         )
         upgrade(db_url)
         key = cli_ok(env, "keys", "create", "pipeline").strip().splitlines()[-1]

@@ -19,7 +19,7 @@ from core.store.files import File
 from core.store.models import Job
 from tests.worker.service import cli_ok
 
-from .conftest import MAX_UPLOAD_BYTES, MAX_UPLOAD_LINES
+from .conftest import MAX_FILE_BYTES, MAX_LINES
 from .flow import wait_done
 
 pytestmark = pytest.mark.service
@@ -112,9 +112,9 @@ def test_bad_uploads(farm, case):
         "not_jsonl": (b"name,label\nfoo,1\nbar,0\n", "batch", 400, "invalid_file_format"),
         "not_utf8": (b"\xff\xfe{}\n", "batch", 400, "invalid_file_format"),
         "empty": (b"\n\n", "batch", 400, "empty_file"),
-        "too_many_lines": (jsonl(*[LINE] * (MAX_UPLOAD_LINES + 1)), "batch", 400, "too_many_lines"),
+        "too_many_lines": (jsonl(*[LINE] * (MAX_LINES + 1)), "batch", 400, "too_many_lines"),
         "wrong_purpose": (jsonl(LINE), "fine-tune", 400, "invalid_purpose"),
-        "oversized": (b"x" * (MAX_UPLOAD_BYTES + 1), "batch", 413, "file_too_large"),
+        "oversized": (b"x" * (MAX_FILE_BYTES + 1), "batch", 413, "file_too_large"),
     }[case]
     before = counts(farm)
     with pytest.raises(openai.APIStatusError) as e:
@@ -128,7 +128,7 @@ def test_bad_uploads(farm, case):
 
 
 def test_a_huge_body_is_refused_before_it_is_read(farm):
-    body = b"x" * (MAX_UPLOAD_BYTES + 200_000)
+    body = b"x" * (MAX_FILE_BYTES + 200_000)
     r = httpx.post(
         farm.base_url + "/files",
         headers={
