@@ -85,9 +85,18 @@ def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
         browser.get(server.url + "/")
         row = f'tr[data-job="{batch.id}"]'
 
+        def read(selector: str, prop: str = "textContent"):
+            # In one script: the page replaces its rows every second, so an element found
+            # by one call may be gone by the next.
+            return browser.execute_script(
+                "const e = document.querySelector(arguments[0]);"
+                "return e ? (arguments[1] === 'width' ? e.style.width : e[arguments[1]]) : null;",
+                selector,
+                prop,
+            )
+
         def progress() -> str | None:
-            found = browser.find_elements(By.CSS_SELECTOR, f"{row} .progress-text")
-            return found[0].text if found else None
+            return read(f"{row} .progress-text")
 
         assert wait_for(progress, 20, "the job's row") == f"0/{total}"
         browser.execute_script("window.notReloaded = true;")
@@ -107,21 +116,14 @@ def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
         assert browser.execute_script("return window.notReloaded === true;"), "the page reloaded"
         done = [int(p.split("/")[0]) for p in seen]
         assert done == sorted(done) and any(0 < n < total for n in done), seen
-        width = browser.find_element(By.CSS_SELECTOR, f"{row} .fill").get_attribute("style")
-        assert "100%" in width
-        wait_for(
-            lambda: browser.find_element(By.CSS_SELECTOR, f"{row} .status").text == "completed",
-            10,
-            "the completed status",
-        )
+        assert read(f"{row} .fill", "width") == "100%"
+        wait_for(lambda: read(f"{row} .status") == "completed", 10, "the completed status")
         assert wait_for(
-            lambda: f"applespec.{model}" in browser.find_element(By.ID, "workers").text,
-            15,
-            "the job's worker online",
+            lambda: f"applespec.{model}" in (read("#workers") or ""), 15, "the job's worker online"
         )
         browser.save_screenshot(str(tmp_path / "dashboard.png"))
 
-        browser.find_element(By.CSS_SELECTOR, f"{row} a").click()
+        browser.execute_script("document.querySelector(arguments[0]).click();", f"{row} a")
         wait_for(lambda: batch.id in browser.title, 10, "the job page")
         for chart in CHARTS:
             points = wait_for(
