@@ -8,8 +8,11 @@ import click
 
 from api.bench_cmd import bench
 from api.blas import reexec_with_openblas
+from api.keys_cmds import keys_group
 from api.models_cmds import models
+from api.report_cmd import report_cmd
 from api.run_cmd import run_cmd
+from api.serve_cmd import serve_cmd
 from api.service_cmds import SERVICE_COMMANDS
 from core.settings import SettingsError
 
@@ -30,7 +33,7 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
-for _command in (run_cmd, bench, models, *SERVICE_COMMANDS):
+for _command in (run_cmd, bench, models, *SERVICE_COMMANDS, serve_cmd, keys_group, report_cmd):
     cli.add_command(_command)
 
 

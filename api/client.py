@@ -22,7 +22,7 @@ import json
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,8 @@ def submit_lines(
     input_file: str | None = None,
     sessions=None,
     idempotency_key: str | None = None,
+    target=None,
+    on_create: Callable[[Any, Any], None] | None = None,
 ) -> tuple[dict[str, Any], list[LineError]]:
     """Validate job lines, store the job and queue its valid items in chunks.
 
@@ -77,6 +79,9 @@ def submit_lines(
     may be a generator (`core.jobs.iter_job_file`), text or raw bytes per line. `model` may be
     an APPLESPEC_MODEL_ALIASES name. With `idempotency_key`, a key already used returns that
     job (nothing new is stored or queued), provided the lines and options are the same.
+    `target` is the caller's tokenizer target when it keeps one; `on_create(session, job)`
+    runs once the job is stored, in the same transaction (the HTTP API attaches its batch
+    row there).
 
     Returns:
         The job summary (`applespec status --json`, plus queue, chunks, queued and, for a
@@ -119,7 +124,7 @@ def submit_lines(
                 for _ in hashed:  # the whole submission, to compare it
                     pass
                 return _replay(s, existing, idempotency_key, digest.hexdigest())
-    target = _tokenizer_target(model)
+    target = target or _tokenizer_target(model)
     requests, bad = validate_for(
         hashed,
         model,
@@ -158,6 +163,8 @@ def submit_lines(
             return _replay(
                 s, repo.find_job(s, idempotency_key), idempotency_key, digest.hexdigest()
             )
+        if on_create is not None:
+            on_create(s, job)
         repo.mark_in_progress(s, job.id, broker_epoch=epoch)
         s.commit()
         ids = repo.open_item_ids(s, job.id)

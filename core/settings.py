@@ -106,6 +106,9 @@ class Settings:
             job's model (the response names the model that ran).
         draft_model_dirs: APPLESPEC_DRAFT_MODEL_DIRS, directories (os.pathsep-separated) whose
             models a job may name in `draft-model:NAME` besides the registry aliases.
+        serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
+            batch on when its lines name one (`model` is always served); any other body.model
+            runs on `model`.
     """
 
     database_url: str
@@ -125,6 +128,7 @@ class Settings:
     model_aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
     strict_models: bool = False
     draft_model_dirs: tuple[str, ...] = ()
+    serve_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (minimum, _kind) in _NUMBERS.items():
@@ -176,6 +180,10 @@ class Settings:
         if get("draft_model_dirs") is not None:
             dirs = [d for d in get("draft_model_dirs").split(os.pathsep) if d.strip()]
             values["draft_model_dirs"] = tuple(str(Path(d).expanduser()) for d in dirs)
+        if get("serve_models") is not None:
+            values["serve_models"] = tuple(
+                m.strip() for m in get("serve_models").split(",") if m.strip()
+            )
         return cls(**values)
 
     def resolve_model(self, name: str) -> str:

@@ -671,6 +671,9 @@ def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str
         .outerjoin(Result, Result.item_id == Item.id)
         .where(Item.job_id == job_id)
         .order_by(Item.line)
+        # Batches of rows (a server-side cursor on PostgreSQL): a job's output is never whole
+        # in memory.
+        .execution_options(yield_per=500)
     )
     for item, result in rows:
         if result is not None:

@@ -9,7 +9,17 @@ from api.cli import cli
 from core.store.models import Base
 from migrations import alembic_config, head_revision
 
-TABLES = {"jobs", "items", "results", "metrics", "workers", "alembic_version"}
+TABLES = {
+    "jobs",
+    "items",
+    "results",
+    "metrics",
+    "workers",
+    "api_keys",
+    "files",
+    "batches",
+    "alembic_version",
+}
 
 
 def _check_schema(url):
@@ -21,7 +31,7 @@ def _check_schema(url):
             have = {c["name"] for c in insp.get_columns(table.name)}
             assert have == {c.name for c in table.columns}, table.name
         assert {u["name"] for u in insp.get_unique_constraints("results")} == {"uq_results_item_id"}
-        assert head_revision() == "0002"
+        assert head_revision() == "0003"
         version = conn.execute(text("select version_num from alembic_version")).scalar()
         assert version == head_revision()
     engine.dispose()
