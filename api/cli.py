@@ -8,18 +8,32 @@ import click
 
 from api.bench_cmd import bench
 from api.blas import reexec_with_openblas
+from api.keys_cmds import keys_group
 from api.models_cmds import models
+from api.report_cmd import report_cmd
 from api.run_cmd import run_cmd
+from api.serve_cmd import serve_cmd
 from api.service_cmds import SERVICE_COMMANDS
+from core.settings import SettingsError
 
 
-@click.group()
+class _Cli(click.Group):
+    """The command group; a bad APPLESPEC_* setting is a one-line error in any command."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SettingsError as e:
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=_Cli)
 @click.version_option(package_name="applespec")
 def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
-for _command in (run_cmd, bench, models, *SERVICE_COMMANDS):
+for _command in (run_cmd, bench, models, *SERVICE_COMMANDS, serve_cmd, keys_group, report_cmd):
     cli.add_command(_command)
 
 

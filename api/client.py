@@ -16,19 +16,33 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from core.jobs import LineError, validate_for
-from core.settings import Settings
+from core.jobs import LineError, LongLine, iter_job_file, tokenizer_target, validate_for
+from core.settings import Settings, mask_url
 
 
 class BrokerUnavailable(RuntimeError):
     """The broker (Redis) could not be reached to queue a job."""
+
+
+class IdempotencyConflict(ValueError):
+    """An idempotency key already names a job submitted with other lines or options."""
+
+
+class NoWorkerWarning(UserWarning):
+    """`Client.wait`: no live worker has consumed the job's queue for a while."""
+
+
+NAME_MAX = 255  # the store's width for model, drafter and idempotency key
 
 
 class JobTimeout(TimeoutError):
@@ -46,7 +60,7 @@ def open_sessions(url: str, readonly: bool = False):
 
 def submit_lines(
     settings: Settings,
-    lines: list[str],
+    lines: Iterable[str | bytes | LongLine],
     *,
     model: str,
     draft: str = "auto",
@@ -55,42 +69,102 @@ def submit_lines(
     chunk_size: int | None = None,
     input_file: str | None = None,
     sessions=None,
+    idempotency_key: str | None = None,
+    target=None,
+    on_create: Callable[[Any, Any], None] | None = None,
 ) -> tuple[dict[str, Any], list[LineError]]:
     """Validate job lines, store the job and queue its valid items in chunks.
 
+    Lines are validated with the model's tokenizer alone (no weights) and streamed: `lines`
+    may be a generator (`core.jobs.iter_job_file`), text or raw bytes per line. `model` may be
+    an APPLESPEC_MODEL_ALIASES name. With `idempotency_key`, a key already used returns that
+    job (nothing new is stored or queued), provided the lines and options are the same.
+    `target` is the caller's tokenizer target when it keeps one; `on_create(session, job)`
+    runs once the job is stored, in the same transaction (the HTTP API attaches its batch
+    row there).
+
     Returns:
-        The job summary (`applespec status --json`, plus queue and chunks) and the bad lines.
+        The job summary (`applespec status --json`, plus queue, chunks, queued and, for a
+        repeated key, replayed=True) and the bad lines.
 
     Raises:
-        ModelError: the model cannot be loaded (its tokenizer is needed for validation).
+        ModelError: the model's tokenizer cannot be loaded.
+        DraftNotAllowed: `draft` names a path or an unknown model (core.draft_policy).
+        JobTooLarge: the lines are more than APPLESPEC_MAX_LINES requests.
+        IdempotencyConflict: the key names a job submitted differently.
+        ValueError: no requests at all (blank lines only), a bad override or chunk size, or
+            a name too long for the store.
         BrokerUnavailable: Redis is down; when the job was already stored, a worker's sweep
             queues it once the broker is back.
     """
-    from core.engine import load_model
+    from sqlalchemy.exc import IntegrityError
+
+    from core.draft_policy import resolve_draft
     from core.store import repo
     from worker.app import create_app, queue_name
     from worker.enqueue import broker_epoch, enqueue
 
-    target = load_model(model)
-    requests, bad = validate_for(lines, model, target, overrides)
+    model = settings.resolve_model(model)
+    _check_name("model", model)
+    _check_name("drafter", draft)
+    if idempotency_key is not None:
+        _check_name("idempotency key", idempotency_key)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk size must be a whole number >= 1, got {chunk_size!r}")
+    resolve_draft(draft, settings)
+    sessions = sessions or open_sessions(settings.database_url)
+    digest = hashlib.sha256(
+        json.dumps([model, draft, k, sorted((overrides or {}).items())], default=str).encode()
+    )
+    hashed = _hashing(lines, digest)
+    if idempotency_key is not None:
+        with sessions() as s:
+            existing = repo.find_job(s, idempotency_key)
+            if existing is not None:
+                for _ in hashed:  # the whole submission, to compare it
+                    pass
+                return _replay(s, existing, idempotency_key, digest.hexdigest())
+    target = target or _tokenizer_target(model)
+    requests, bad = validate_for(
+        hashed,
+        model,
+        target,
+        overrides,
+        limits=settings.job_limits(),
+        aliases=settings.model_aliases,
+        strict_models=settings.strict_models,
+    )
+    if not requests and not bad:
+        raise ValueError(f"{input_file or 'the input'} has no requests")
     try:
         epoch = broker_epoch(settings.broker_url)
     except Exception as e:
         raise BrokerUnavailable(broker_message(settings, e)) from e
-    sessions = sessions or open_sessions(settings.database_url)
     with sessions() as s:
-        job = repo.create_job(
-            s,
-            model=model,
-            drafter=draft,
-            k=k,
-            params=dict(overrides or {}),
-            mode="service",
-            input_file=input_file,
-            queue=queue_name(model),
-            requests=requests,
-            errors=bad,
-        )
+        try:
+            job = repo.create_job(
+                s,
+                model=model,
+                drafter=draft,
+                k=k,
+                params=dict(overrides or {}),
+                mode="service",
+                input_file=input_file,
+                queue=queue_name(model),
+                requests=requests,
+                errors=bad,
+                idempotency_key=idempotency_key,
+                submission_hash=digest.hexdigest() if idempotency_key is not None else None,
+            )
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            s.rollback()  # a concurrent submit with the same key won
+            return _replay(
+                s, repo.find_job(s, idempotency_key), idempotency_key, digest.hexdigest()
+            )
+        if on_create is not None:
+            on_create(s, job)
         repo.mark_in_progress(s, job.id, broker_epoch=epoch)
         s.commit()
         ids = repo.open_item_ids(s, job.id)
@@ -103,15 +177,91 @@ def submit_lines(
             s.commit()
             raise BrokerUnavailable(broker_message(settings, e)) from e
         summary = repo.job_summary(s, job.id)
-    summary.update(queue=job.queue, chunks=chunks, queued=len(ids))
+    summary.update(queue=job.queue, chunks=chunks, queued=len(ids), replayed=False)
     return summary, bad
 
 
+@functools.lru_cache(maxsize=8)
+def _tokenizer_target(model: str):
+    return tokenizer_target(model)
+
+
+def _check_name(what: str, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > NAME_MAX or "\x00" in value:
+        raise ValueError(f"the {what} must be 1 to {NAME_MAX} characters without NUL")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"the {what} is not valid Unicode text") from None
+
+
+def _hashing(lines: Iterable[str | bytes | LongLine], digest) -> Iterator[str | bytes | LongLine]:
+    """`lines` unchanged, each fed to `digest` on the way (an idempotent replay compares it)."""
+    for line in lines:
+        if isinstance(line, LongLine):
+            digest.update(f"<{line.size} bytes>".encode())
+        elif isinstance(line, bytes):
+            digest.update(line)
+        else:
+            digest.update(line.encode("utf-8", "surrogatepass"))
+        digest.update(b"\n")
+        yield line
+
+
+def _replay(s, job, key: str, submission_hash: str) -> tuple[dict[str, Any], list[LineError]]:
+    """The summary and bad lines of the job already submitted under `key`."""
+    from core.store import repo
+
+    if job.submission_hash != submission_hash:
+        raise IdempotencyConflict(
+            f"idempotency key {key!r} was used for job {job.id} with other lines or options; "
+            "use a new key for a new job"
+        )
+    summary = repo.job_summary(s, job.id)
+    summary.update(queue=job.queue, chunks=0, queued=0, replayed=True)
+    return summary, repo.invalid_lines(s, job.id)
+
+
 def broker_message(settings: Settings, e: Exception) -> str:
-    return (
-        f"cannot reach the broker at {settings.broker_url} ({type(e).__name__}: {e}); "
+    return settings.redact(
+        f"cannot reach the broker at {mask_url(settings.broker_url)} ({type(e).__name__}: {e}); "
         "is Redis running? (APPLESPEC_BROKER_URL)"
     )
+
+
+class IdleWatch:
+    """Notices, once, that no live worker has consumed a job's queue for `idle_warning`
+    seconds (workers record their presence every sweep; see worker/sweeper.py)."""
+
+    def __init__(self, settings: Settings, job_id: str):
+        self.settings = settings
+        self.job_id = job_id
+        self.since = time.monotonic()  # no worker seen since (while none is live)
+        self.warned = False
+
+    def check(self, session) -> str | None:
+        """The warning to show now, or None (at most one warning per watch)."""
+        from core.store import repo
+        from core.store.models import JOB_DONE, utcnow
+
+        job = repo.get_job(session, self.job_id)
+        if self.warned or job.mode != "service" or not job.queue or job.status in JOB_DONE:
+            return None
+        live, last = repo.queue_consumers(session, job.queue)
+        if live:
+            self.since = time.monotonic()
+            return None
+        absent = time.monotonic() - self.since
+        if last is not None:
+            absent = max(absent, (utcnow() - last).total_seconds())
+        if absent < self.settings.idle_warning:
+            return None
+        self.warned = True
+        seen = f"last seen {last:%Y-%m-%d %H:%M:%S} UTC" if last else "none seen yet"
+        return (
+            f"no worker has consumed queue {job.queue} for {absent:.0f} s ({seen}); "
+            f"start one: applespec worker --model {job.model}"
+        )
 
 
 class Client:
@@ -146,19 +296,21 @@ class Client:
         draft: str = "auto",
         k: int | None = None,
         chunk_size: int | None = None,
+        idempotency_key: str | None = None,
         **overrides: Any,
     ) -> dict[str, Any]:
         """Queue a job from a JSONL file path or from request dicts (job-file lines).
 
         Keyword overrides (max_tokens, temperature, top_p, seed) win over each line's body.
         Bad lines do not raise: they are stored as failed items and listed under "invalid".
+        A repeated `idempotency_key` returns the job first submitted with it.
         """
         if isinstance(requests, str | Path):
             input_file: str | None = str(requests)
-            lines = Path(requests).read_text(encoding="utf-8").splitlines()
+            lines = iter_job_file(requests, self.settings.job_limits())
         else:
             input_file = None
-            lines = [json.dumps(r) for r in requests]
+            lines = (json.dumps(r) for r in requests)
         summary, bad = submit_lines(
             self.settings,
             lines,
@@ -169,6 +321,7 @@ class Client:
             chunk_size=chunk_size,
             input_file=input_file,
             sessions=self.sessions,
+            idempotency_key=idempotency_key,
         )
         summary["invalid"] = [{"line": e.line, **e.to_error()} for e in bad]
         return summary
@@ -189,14 +342,22 @@ class Client:
     ) -> dict[str, Any]:
         """Poll until the job is completed, failed or cancelled; its final status.
 
+        Warns (NoWorkerWarning, once) when no live worker has consumed the job's queue for
+        APPLESPEC_IDLE_WARNING seconds.
+
         Raises:
             JobTimeout: after `timeout` seconds.
         """
         from core.store.models import JOB_DONE
 
         deadline = None if timeout is None else time.monotonic() + timeout
+        watch = IdleWatch(self.settings, job_id)
         while True:
             status = self.status(job_id)
+            with self.reader() as s:
+                idle = watch.check(s)
+            if idle:
+                warnings.warn(idle, NoWorkerWarning, stacklevel=2)
             if progress:
                 c = status["request_counts"]
                 print(

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from core.jobs import output_line, read_lines, validate_for
+from core.jobs import JobTooLarge, iter_job_file, output_line, validate_for
 from core.settings import Settings
 
 
@@ -70,11 +70,14 @@ def open_store(settings: Settings, readonly: bool = False):
     from sqlalchemy.exc import SQLAlchemyError
 
     from api.client import open_sessions
+    from core.store.database import StoreGone
 
     try:
         return open_sessions(settings.database_url, readonly=readonly)
-    except SQLAlchemyError as e:
-        raise click.ClickException(f"cannot open the database: {e.__class__.__name__}: {e}") from e
+    except (SQLAlchemyError, StoreGone) as e:
+        raise click.ClickException(
+            settings.redact(f"cannot open the database: {e.__class__.__name__}: {e}")
+        ) from e
 
 
 def load_engine(model: str, draft: str, k: int | None):
@@ -87,14 +90,14 @@ def load_engine(model: str, draft: str, k: int | None):
         raise click.ClickException(str(e)) from e
 
 
-def read_job_file(path: str) -> list[str]:
+def read_job_file(path: str, settings: Settings):
+    """The file's lines, streamed (core.jobs.iter_job_file); its size is checked now."""
     try:
-        lines = read_lines(path)
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.ClickException(f"cannot read {path}: {e}") from e
-    if not any(line.strip() for line in lines):
-        raise click.ClickException(f"{path} has no requests")
-    return lines
+        return iter_job_file(path, settings.job_limits())
+    except JobTooLarge as e:
+        raise click.ClickException(str(e)) from e
+    except OSError as e:
+        raise click.ClickException(f"cannot read {path}: {e.strerror or e}") from e
 
 
 def open_output(path: str):
@@ -141,13 +144,28 @@ def run_cmd(
         applespec run job.jsonl -o results.jsonl --errors errors.jsonl --max-tokens 64
     """
     from core.store import repo
+    from core.store.database import StoreGone
     from worker.process import process_item
 
     settings = Settings.from_env()
-    lines = read_job_file(input_file)
+    model = settings.resolve_model(model)
+    lines = read_job_file(input_file, settings)
     engine = load_engine(model, draft, k)
     params = overrides(**params)
-    requests, bad = validate_for(lines, model, engine.target, params)
+    try:
+        requests, bad = validate_for(
+            lines,
+            model,
+            engine.target,
+            params,
+            limits=settings.job_limits(),
+            aliases=settings.model_aliases,
+            strict_models=settings.strict_models,
+        )
+    except ValueError as e:  # JobTooLarge, an override past the limits
+        raise click.ClickException(str(e)) from e
+    if not requests and not bad:
+        raise click.ClickException(f"{input_file} has no requests")
     with contextlib.ExitStack() as stack:
         # Open the outputs before the job exists: a bad path is a one-line error, not a
         # job left in progress.
@@ -183,10 +201,17 @@ def run_cmd(
             click.progressbar(length=len(item_ids), label="requests", file=sys.stderr)
         )
         for item_id in item_ids:
-            with sessions() as s:
-                done = process_item(
-                    s, item_id, engine_for=lambda _job: engine, max_attempts=1, worker_host="local"
-                )
+            try:
+                with sessions() as s:
+                    done = process_item(
+                        s,
+                        item_id,
+                        engine_for=lambda _job: engine,
+                        max_attempts=1,
+                        worker_host="local",
+                    )
+            except StoreGone as e:
+                raise click.ClickException(f"{e}; stopped (results so far are in {output})") from e
             if done is None:
                 continue
             # Bad lines go into the output in input order when there is no --errors file.

@@ -49,6 +49,10 @@ def _broker_error(settings: Settings, e: Exception) -> click.ClickException:
     type=click.IntRange(min=1),
     help="Items per worker task (default APPLESPEC_CHUNK_SIZE or 8).",
 )
+@click.option(
+    "--idempotency-key",
+    help="Submitting again with the same key returns the job first submitted with it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as a JSON object.")
 def submit_cmd(
     input_file: str,
@@ -56,24 +60,27 @@ def submit_cmd(
     draft: str,
     k: int | None,
     chunk_size: int | None,
+    idempotency_key: str | None,
     as_json: bool,
     **params: Any,
 ) -> None:
     """Validate a job file, store it and queue it for the workers of its model.
 
-    Every line is checked with the same rules as `applespec run`; bad lines are stored as
-    failed items with their error. The job id is the last line printed.
+    Every line is checked with the same rules as `applespec run` (with the model's tokenizer;
+    no weights are loaded); bad lines are stored as failed items with their error. The job
+    id is the last line printed.
 
     \b
     Example:
         applespec submit job.jsonl --model tiny-random --max-tokens 32
+        applespec submit job.jsonl --idempotency-key nightly-2026-12-01
         applespec wait "$(applespec submit job.jsonl | tail -1)"
     """
     from api.client import BrokerUnavailable, submit_lines
     from core.engine import ModelError
 
     settings = Settings.from_env()
-    lines = read_job_file(input_file)
+    lines = read_job_file(input_file, settings)
     try:
         summary, bad = submit_lines(
             settings,
@@ -85,12 +92,22 @@ def submit_cmd(
             chunk_size=chunk_size,
             input_file=input_file,
             sessions=open_store(settings),
+            idempotency_key=idempotency_key,
         )
-    except (ModelError, BrokerUnavailable) as e:
-        raise click.ClickException(str(e)) from e
+    except (ModelError, BrokerUnavailable, ValueError) as e:
+        # ValueError: a drafter a job may not name, too many lines, a reused key, bad options.
+        raise click.ClickException(settings.redact(str(e))) from e
     counts = summary["request_counts"]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
+        return
+    if summary.get("replayed"):
+        click.echo(
+            f"{summary['id']}: already submitted with key {idempotency_key!r} "
+            f"({summary['status']}, {counts['total']} lines, {len(bad)} invalid)",
+            err=True,
+        )
+        click.echo(summary["id"])
         return
     click.echo(
         f"{counts['total']} lines: {summary['queued']} queued on {summary['queue']} "
@@ -135,12 +152,16 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
     """Wait for a job to finish, with a progress bar.
 
     Exit code 0 when every request completed, 1 when the job failed, was cancelled or has
-    failed requests, 2 on timeout.
+    failed requests, 2 on timeout. Warns once when no live worker has consumed the job's
+    queue for APPLESPEC_IDLE_WARNING seconds (30 by default).
     """
+    from api.client import IdleWatch
     from core.store import repo
     from core.store.models import JOB_DONE
 
+    settings = Settings.from_env()
     deadline = None if timeout is None else time.monotonic() + timeout
+    watch = IdleWatch(settings, job_id)
     with _session(readonly=True) as s:
         summary = repo.job_summary(s, job_id)
         s.rollback()
@@ -153,9 +174,13 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                 seen = c["completed"] + c["failed"]
                 if summary["status"] in JOB_DONE:
                     break
+                idle = watch.check(s)
+                if idle:
+                    click.echo(f"\nwarning: {idle}", err=True)
                 if deadline is not None and time.monotonic() >= deadline:
                     click.echo(f"\ntimed out: {_status_line(summary)}", err=True)
                     sys.exit(2)
+                s.rollback()
                 time.sleep(interval)
                 summary = repo.job_summary(s, job_id)
                 s.rollback()  # end the read transaction: never hold the store between polls
@@ -240,7 +265,8 @@ def cancel_cmd(job_id: str) -> None:
 @click.argument("job_id")
 @click.option("--chunk-size", type=click.IntRange(min=1))
 def retry_cmd(job_id: str, chunk_size: int | None) -> None:
-    """Queue a job's failed requests again (bad input lines stay failed)."""
+    """Queue a job's failed requests again (bad input lines stay failed), and the requests
+    whose worker died (their lease expired) without waiting for a worker's sweep."""
     from core.store import repo
     from worker.app import create_app
     from worker.enqueue import broker_epoch, enqueue
@@ -257,7 +283,12 @@ def retry_cmd(job_id: str, chunk_size: int | None) -> None:
         ids = repo.retry_job(s, job_id)
         job.broker_epoch = epoch
         s.commit()
-        enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
+        try:
+            enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
+        except Exception as e:
+            job.broker_epoch = None  # a worker's sweep queues them once the broker answers
+            s.commit()
+            raise _broker_error(settings, e) from e
     click.echo(f"{job_id}: {len(ids)} requests queued again")
 
 
@@ -289,7 +320,10 @@ def worker_cmd(
 
     from worker.app import create_app, queue_name
 
-    settings = dataclasses.replace(Settings.from_env(), model=model)
+    env = Settings.from_env()
+    model = env.resolve_model(model)
+    settings = dataclasses.replace(env, model=model)
+    _check_store(settings)
     app = create_app(settings)
     argv = [
         "worker",
@@ -301,6 +335,35 @@ def worker_cmd(
         *celery_args,
     ]
     app.worker_main(argv)
+
+
+def _check_store(settings: Settings) -> None:
+    """A worker starts only on a migrated database (it must not create an empty one)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from migrations import current_revision, head_revision
+
+    url = make_url(settings.database_url)
+    shown = _safe_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        from pathlib import Path
+
+        if not Path(url.database).expanduser().is_file():
+            raise click.ClickException(
+                f"no database at {shown}; run `applespec db upgrade` first (APPLESPEC_DATABASE_URL)"
+            )
+    try:
+        current = current_revision(settings.database_url)
+    except SQLAlchemyError as e:
+        raise click.ClickException(
+            settings.redact(f"cannot open the database {shown}: {type(e).__name__}: {e}")
+        ) from e
+    if current != head_revision():
+        raise click.ClickException(
+            f"the database {shown} is at revision {current or 'none'}, this worker needs "
+            f"{head_revision()}; run `applespec db upgrade`"
+        )
 
 
 @click.group("db")
@@ -325,7 +388,7 @@ def db_upgrade_cmd(revision: str) -> None:
     try:
         upgrade(settings.database_url, revision)
     except SQLAlchemyError as e:
-        raise click.ClickException(f"cannot migrate the database: {e}") from e
+        raise click.ClickException(settings.redact(f"cannot migrate the database: {e}")) from e
     click.echo(f"database at {revision}: {_safe_url(settings.database_url)}")
 
 

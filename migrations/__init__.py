@@ -24,3 +24,24 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    """The newest revision this package ships."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database at `url` is at (None: not migrated, or no database)."""
+    from alembic.migration import MigrationContext
+
+    from core.store.database import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()

@@ -29,7 +29,8 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        # Redis re-delivers an unacknowledged chunk after this; well above a chunk's runtime.
+        # Redis re-delivers an unacknowledged chunk after this: the last resort behind leases
+        # (a redelivered chunk skips the items a live worker holds).
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout,
             # Look for a dead worker's chunks every few seconds, not every 100 s.
@@ -37,7 +38,8 @@ def create_app(settings: Settings | None = None) -> Celery:
             "unacked_restore_throttle": 1,
         },
         broker_connection_retry_on_startup=True,
-        # On SIGTERM, let running chunks finish their current items for a while.
+        # On SIGTERM a chunk finishes its item in progress and hands the rest back
+        # (worker/shutdown.py); on a cold shutdown, running items get this long.
         worker_soft_shutdown_timeout=30.0,
         worker_enable_soft_shutdown_on_idle=True,
         task_default_queue=queue_name(settings.model),
@@ -45,9 +47,11 @@ def create_app(settings: Settings | None = None) -> Celery:
     )
     app.conf.applespec_settings = settings
 
+    from . import shutdown
     from .sweeper import Sweeper
     from .tasks import register
 
     register(app, settings)
+    shutdown.connect()
     app.steps["worker"].add(Sweeper)
     return app

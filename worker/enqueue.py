@@ -10,7 +10,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from core.store import repo
-from core.store.models import Item, utcnow
+from core.store.models import Item, Job, utcnow
 
 from .app import TASK_NAME
 
@@ -52,3 +52,26 @@ def enqueue(
         for chunk in chunks:
             app.send_task(TASK_NAME, args=[job_id, chunk], queue=queue, producer=producer)
     return len(chunks)
+
+
+def hand_back(
+    app: Celery, session: Session, job_id: str, item_ids: list[int], worker: str, chunk_size: int
+) -> int:
+    """Release `worker`'s leases on `item_ids` and queue them again (a warm shutdown's rest
+    of a chunk); returns how many went back.
+
+    Released first, then sent: a chunk delivered before the release would skip them as
+    leased. If the broker cannot take them, the job is marked as of an unknown broker epoch
+    and the sweeper of a live worker queues its open items once the broker answers.
+    """
+    released = repo.release_items(session, item_ids, worker)
+    if not released:
+        return 0
+    try:
+        enqueue(app, session, job_id, released, chunk_size)
+    except Exception:
+        session.rollback()
+        session.execute(update(Job).where(Job.id == job_id).values(broker_epoch=None))
+        session.commit()
+        raise
+    return len(released)

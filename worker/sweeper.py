@@ -1,23 +1,34 @@
-"""A worker bootstep that re-enqueues jobs a broker restart lost.
+"""A worker bootstep that takes back what dead workers and lost brokers left behind.
 
-Every `sweep_interval` seconds the worker compares the broker's epoch (worker/enqueue.py)
-with the one each unfinished job was enqueued under. A job from an older epoch lost its
-queued chunks: one worker wins a conditional update and enqueues its open items again.
-Items that were already done are skipped by the task, so a duplicate chunk costs nothing.
+Every `sweep_interval` seconds, in the worker's main process:
+
+* presence: the worker records that it consumes its queues (`applespec wait` warns when no
+  live worker consumes a job's queue);
+* leases: items whose lease expired (their worker stopped beating: SIGKILL, host crash,
+  OOM) are re-queued, or cancelled when their job is cancelling (`repo.reap_expired`);
+* broker epoch: the broker's epoch (worker/enqueue.py) is compared with the one each
+  unfinished job was enqueued under. A job from an older epoch lost its queued chunks:
+  one worker wins a conditional update and enqueues its open items again.
+
+Items that were already done, or are leased to a live worker, are skipped by the task, so a
+duplicate chunk costs nothing. The broker's visibility timeout stays as the last resort.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 
 from celery import bootsteps
 from sqlalchemy import or_, select, update
 from sqlalchemy.pool import NullPool
 
 from core.store import repo
-from core.store.database import make_engine, make_sessionmaker
+from core.store.database import StoreGone, make_engine, make_sessionmaker
 from core.store.models import Job
 
+from . import shutdown
 from .enqueue import broker_epoch, enqueue
 
 log = logging.getLogger(__name__)
@@ -52,30 +63,72 @@ def sweep(app, sessions) -> list[str]:
     return requeued
 
 
+def reap(app, sessions) -> dict[str, list[int]]:
+    """Re-enqueue the items whose lease expired; job id -> the item ids queued again."""
+    settings = app.conf.applespec_settings
+    with sessions() as session:
+        requeue = repo.reap_expired(session)
+        for job_id, ids in requeue.items():
+            try:
+                enqueue(app, session, job_id, ids, settings.chunk_size)
+            except Exception:
+                # The broker is down: the epoch sweep queues the job once it answers.
+                session.rollback()
+                session.execute(update(Job).where(Job.id == job_id).values(broker_epoch=None))
+                session.commit()
+                raise
+            log.warning(
+                "job %s: %d item(s) whose worker stopped beating queued again", job_id, len(ids)
+            )
+    return requeue
+
+
+def presence_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class Sweeper(bootsteps.StartStopStep):
-    """Runs `sweep` on the worker's timer (main process; no model there)."""
+    """Runs `reap` and `sweep` on the worker's timer (main process; no model there)."""
 
     requires = {"celery.worker.components:Timer"}
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
         self.tref = None
+        self.sessions = None
 
     def start(self, worker) -> None:
         app = worker.app
+        settings = app.conf.applespec_settings
         # Its own pool without kept connections: pool processes are forked from this one.
-        url = app.conf.applespec_settings.database_url
-        sessions = make_sessionmaker(make_engine(url, poolclass=NullPool))
+        self.sessions = make_sessionmaker(make_engine(settings.database_url, poolclass=NullPool))
+        queues = sorted(app.amqp.queues.consume_from or [app.conf.task_default_queue])
+        ttl = 3 * settings.sweep_interval + 2
+        shutdown.install(worker)
 
         def tick() -> None:
             try:
-                sweep(app, sessions)
+                with self.sessions() as session:
+                    repo.worker_seen(session, presence_name(), queues, ttl)
+                reap(app, self.sessions)
+                sweep(app, self.sessions)
+            except StoreGone as e:
+                log.error("%s: stopping this worker", e)
+                if self.tref is not None:
+                    self.tref.cancel()
+                shutdown.stop_worker()
             except Exception as e:  # broker or database down: try again next tick
-                log.warning("sweep skipped: %s: %s", type(e).__name__, e)
+                log.warning("sweep skipped: %s", settings.redact(f"{type(e).__name__}: {e}"))
 
-        interval = app.conf.applespec_settings.sweep_interval
-        self.tref = worker.timer.call_repeatedly(interval, tick, priority=10)
+        tick()
+        self.tref = worker.timer.call_repeatedly(settings.sweep_interval, tick, priority=10)
 
     def stop(self, worker) -> None:
         if self.tref is not None:
             self.tref.cancel()
+        if self.sessions is not None:
+            try:
+                with self.sessions() as session:
+                    repo.worker_gone(session, presence_name())
+            except Exception as e:  # the store is gone or down: nothing to mark
+                log.warning("could not mark this worker gone: %s: %s", type(e).__name__, e)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 
@@ -34,6 +36,62 @@ def load_model(spec: str) -> LoadedModel:
     if spec.endswith(".gguf"):
         return load_gguf(Path(spec).expanduser(), name=spec)
     return load_mlx_lm(spec)
+
+
+def load_tokenizer(spec: str) -> tuple[Any, int]:
+    """The tokenizer and context length of a model spec, without loading its weights.
+
+    A GGUF (alias or `.gguf` path) is read for its header only (metadata, no tensor data);
+    `tiny-random[:SEED]` is built (milliseconds); an mlx-lm directory reads its tokenizer
+    files and config.json. A hub id falls back to `load_model` (its files must be fetched).
+    The tokenizer encodes exactly as the loaded model's does.
+
+    Raises:
+        ModelError: as `load_model` (missing file, not GGUF, unsupported tokenizer).
+    """
+    if spec == "tiny-random" or spec.startswith("tiny-random:"):
+        from .tiny import load_tiny
+
+        tiny = load_tiny(spec)
+        return tiny.tokenizer, tiny.context_length
+    if spec in REGISTRY:
+        entry = REGISTRY[spec]
+        path = model_path(entry)
+        if path is None:
+            raise ModelError(f"model {spec!r} is not installed; run: {install_hint(entry)}")
+    elif spec.endswith(".gguf"):
+        path = Path(spec).expanduser()
+    else:
+        local = Path(spec).expanduser()
+        if (local / "config.json").is_file():
+            return _mlx_lm_tokenizer(local)
+        target = load_model(spec)
+        return target.tokenizer, target.context_length
+    from .gguf import GGUFFile, check_magic, read_header
+    from .gguf_tokenizer import load_gguf_tokenizer
+
+    check_magic(path)
+    try:
+        metadata, _tensors, _start = read_header(path)
+    except (struct.error, UnicodeDecodeError, ValueError, OSError) as e:
+        raise ModelError(f"cannot read GGUF file {path}: {e}") from e
+    header = GGUFFile(tensors={}, metadata=metadata, reader="header")
+    return load_gguf_tokenizer(metadata), int(header.arch_key("context_length", 4096))
+
+
+def _mlx_lm_tokenizer(path: Path) -> tuple[Any, int]:
+    """An mlx-lm directory's tokenizer and context length, as `load_mlx_lm` sets them."""
+    from mlx_lm.utils import load_config
+    from mlx_lm.utils import load_tokenizer as mlx_load_tokenizer
+
+    try:
+        config = load_config(path)
+        tokenizer = mlx_load_tokenizer(path, eos_token_ids=config.get("eos_token_id", None))
+    except Exception as e:  # missing tokenizer files, bad JSON
+        raise ModelError(
+            f"cannot read the tokenizer of {str(path)!r}: {type(e).__name__}: {e}"
+        ) from e
+    return tokenizer, int(config.get("max_position_embeddings") or 4096)
 
 
 def on_gpu() -> bool:

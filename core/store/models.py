@@ -1,4 +1,5 @@
-"""The SQL schema: jobs, their items (one per input line), results and per-item metrics."""
+"""The SQL schema: jobs, their items (one per input line), results, per-item metrics, and
+the workers that consume the queues (their presence, for `wait`)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ class Job(Base):
     queue: Mapped[str | None] = mapped_column(String(255))
     # Which broker incarnation holds this job's queued chunks (see worker/sweeper.py).
     broker_epoch: Mapped[str | None] = mapped_column(String(64))
+    # `submit --idempotency-key`: a repeated key returns this job (unique; NULLs repeat).
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    # sha256 of what was submitted under the key, so a different submission is refused.
+    submission_hash: Mapped[str | None] = mapped_column(String(64))
     total: Mapped[int] = mapped_column(Integer, default=0)
     completed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
@@ -102,6 +107,7 @@ class Item(Base):
             postgresql_where=text("status != 'invalid'"),
         ),
         Index("ix_items_job_id_status", "job_id", "status"),
+        Index("ix_items_status_lease_expires_at", "status", "lease_expires_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -113,6 +119,10 @@ class Item(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(255))  # host:pid of the latest start
+    # The lease: which process (host:pid) holds the item and until when. A pending item may be
+    # leased too (its chunk is reserved); an expired lease means its worker stopped beating.
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None]
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
     queued_at: Mapped[datetime | None]
@@ -172,3 +182,16 @@ class Metric(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     item: Mapped[Item] = relationship(back_populates="metric")
+
+
+class WorkerPresence(Base):
+    """A worker (its main process) and the queues it consumes, refreshed every sweep."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid
+    queues: Mapped[str] = mapped_column(Text)  # comma-separated
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Past this the worker counts as gone (a few sweep intervals after it was last seen).
+    expires_at: Mapped[datetime]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.jobs import JobRequest, LineError, output_line
 
-from .models import ITEM_DONE, JOB_DONE, Item, Job, Metric, Result, utcnow
+from .models import ITEM_DONE, JOB_DONE, Item, Job, Metric, Result, WorkerPresence, utcnow
 
 
 class UnknownJob(LookupError):
@@ -42,10 +42,14 @@ def create_job(
     input_file: str | None = None,
     queue: str | None = None,
     job_id: str | None = None,
+    idempotency_key: str | None = None,
+    submission_hash: str | None = None,
 ) -> Job:
     """Store a job with one item per line: valid ones pending, bad ones `invalid` with their error.
 
-    The job stays `validating` until the caller has enqueued it (`mark_in_progress`).
+    The job stays `validating` until the caller has enqueued it (`mark_in_progress`). With
+    `idempotency_key`, a second job under the same key fails at the first flush
+    (IntegrityError), before any item is written.
     """
     job = Job(
         id=job_id or new_job_id(),
@@ -54,8 +58,10 @@ def create_job(
         k=k,
         params={k_: v for k_, v in (params or {}).items() if v is not None},
         mode=mode,
-        input_file=input_file,
+        input_file=storable_text(input_file, 1024) if input_file else None,
         queue=queue,
+        idempotency_key=idempotency_key,
+        submission_hash=submission_hash,
         status="validating",
         total=len(requests) + len(errors),
     )
@@ -82,7 +88,7 @@ def create_job(
             "status": "invalid",
             "attempts": 0,
             "error_code": e.code,
-            "error_message": e.message,
+            "error_message": storable_text(e.message),
             "finished_at": now,
         }
         for e in errors
@@ -140,16 +146,89 @@ def refresh_job(session: Session, job_id: str) -> Job:
     return job
 
 
-def start_item(
-    session: Session, item_id: int, max_attempts: int, worker: str | None = None
+# A process that may be gone: host:pid -> True when it surely is (see worker/process.py).
+OwnerDead = Callable[[str], bool]
+
+
+def lease_until(lease_s: float) -> datetime:
+    return utcnow() + timedelta(seconds=lease_s)
+
+
+def _held_by_other(item: Item, worker: str, now: datetime, owner_dead: OwnerDead | None) -> bool:
+    """Whether another live process holds `item`'s lease (then it must not run here)."""
+    if item.lease_owner is None or item.lease_owner == worker:
+        return False
+    expires = aware(item.lease_expires_at)
+    if expires is None or expires <= now:
+        return False
+    return not (owner_dead is not None and owner_dead(item.lease_owner))
+
+
+def lease_items(
+    session: Session,
+    job_id: str,
+    item_ids: Iterable[int],
+    worker: str,
+    lease_s: float,
+    owner_dead: OwnerDead | None = None,
+) -> list[int]:
+    """Reserve a chunk's items for `worker` (host:pid) for `lease_s` seconds; commits.
+
+    Items of another job, done items and items whose lease another live worker holds (a
+    chunk redelivered while its first worker still runs it) are left out. A heartbeat
+    (`renew_leases`) keeps the reservation; when it stops, the sweeper re-queues the items
+    (`reap_expired`).
+
+    Returns:
+        The ids now leased to `worker`, in chunk order.
+    """
+    ids = list(item_ids)
+    now = utcnow()
+    taken = []
+    for i in range(0, len(ids), 500):  # bounded IN lists
+        batch = ids[i : i + 500]
+        rows = session.scalars(
+            select(Item).where(Item.id.in_(batch), Item.job_id == job_id).with_for_update()
+        ).all()
+        taken += [
+            it.id
+            for it in rows
+            if it.status not in ITEM_DONE and not _held_by_other(it, worker, now, owner_dead)
+        ]
+    order = {item_id: n for n, item_id in enumerate(ids)}
+    taken.sort(key=order.__getitem__)
+    for i in range(0, len(taken), 500):
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(taken[i : i + 500]))
+            .values(lease_owner=worker, lease_expires_at=lease_until(lease_s)),
+            execution_options={"synchronize_session": False},
+        )
+    session.commit()
+    return taken
+
+
+def claim_item(
+    session: Session,
+    item_id: int,
+    worker: str | None,
+    lease_s: float | None,
+    max_attempts: int,
+    owner_dead: OwnerDead | None = None,
 ) -> Item | None:
-    """Claim an item for a run: None when it is done, cancelled, or out of attempts.
+    """Start an item on `worker`: None when it is done, cancelled, out of attempts, or
+    leased by another live worker. Commits.
 
     Attempts are counted here, before the engine runs, so an item that kills its worker is
-    seen on redelivery; after `max_attempts` starts it is marked failed. Commits.
+    seen on redelivery; after `max_attempts` starts it is marked failed. With `lease_s`
+    the item is leased to `worker` (renewed by its heartbeat); None starts it without a
+    lease (`applespec run`, which no sweeper watches).
     """
     item = session.execute(select(Item).where(Item.id == item_id).with_for_update()).scalar_one()
     if item.status in ITEM_DONE:
+        session.commit()
+        return None
+    if worker is not None and _held_by_other(item, worker, utcnow(), owner_dead):
         session.commit()
         return None
     job = item.job
@@ -168,12 +247,163 @@ def start_item(
         item.status = "running"
         item.worker = worker
         item.started_at = utcnow()
+        leased = lease_s is not None and worker is not None
+        item.lease_owner = worker if leased else None
+        item.lease_expires_at = lease_until(lease_s) if leased else None
         session.commit()  # a start changes no count: no job recount here
         return item
     session.flush()
     refresh_job(session, item.job_id)
     session.commit()
     return None
+
+
+def start_item(
+    session: Session, item_id: int, max_attempts: int, worker: str | None = None
+) -> Item | None:
+    """`claim_item` without a lease."""
+    return claim_item(session, item_id, worker, None, max_attempts)
+
+
+def renew_leases(
+    session: Session, worker: str, item_ids: Iterable[int], lease_s: float
+) -> set[int]:
+    """Extend `worker`'s leases on `item_ids` by `lease_s` from now; commits.
+
+    Returns:
+        The ids still leased to `worker`; the others were finished, or taken over by another
+        worker after this one's lease had expired.
+    """
+    ids = list(item_ids)
+    renewed: set[int] = set()
+    for i in range(0, len(ids), 500):
+        renewed |= set(
+            session.scalars(
+                update(Item)
+                .where(
+                    Item.id.in_(ids[i : i + 500]),
+                    Item.lease_owner == worker,
+                    Item.status.in_(("pending", "running")),
+                )
+                .values(lease_expires_at=lease_until(lease_s))
+                .returning(Item.id),
+                execution_options={"synchronize_session": False},
+            )
+        )
+    session.commit()
+    return renewed
+
+
+def release_items(session: Session, item_ids: Iterable[int], worker: str) -> list[int]:
+    """Hand `worker`'s leased, unfinished items back (a warm shutdown); commits.
+
+    They become pending without a lease, for whoever enqueues them next; a started item
+    gets its attempt back (it was stopped, it did not crash). The caller re-enqueues them.
+
+    Returns:
+        The ids released.
+    """
+    ids = list(item_ids)
+    released: list[int] = []
+    for i in range(0, len(ids), 500):
+        mine = (
+            Item.id.in_(ids[i : i + 500]),
+            Item.lease_owner == worker,
+            Item.status.in_(("pending", "running")),
+        )
+        started = session.scalars(select(Item.id).where(*mine, Item.status == "running")).all()
+        if started:
+            session.execute(
+                update(Item)
+                .where(Item.id.in_(started), Item.attempts > 0)
+                .values(attempts=Item.attempts - 1),
+                execution_options={"synchronize_session": False},
+            )
+        released += session.scalars(
+            update(Item)
+            .where(*mine)
+            .values(status="pending", lease_owner=None, lease_expires_at=None, started_at=None)
+            .returning(Item.id),
+            execution_options={"synchronize_session": False},
+        ).all()
+    session.commit()
+    return sorted(released)
+
+
+def expired_items(
+    session: Session, now: datetime | None = None, job_id: str | None = None
+) -> list[tuple[str, int]]:
+    """(job_id, item_id) of open items of service jobs (or of `job_id`) whose lease expired."""
+    now = now or utcnow()
+    only = () if job_id is None else (Item.job_id == job_id,)
+    return [
+        (job_id, item_id)
+        for job_id, item_id in session.execute(
+            select(Item.job_id, Item.id)
+            .join(Job, Job.id == Item.job_id)
+            .where(
+                Item.status.in_(("pending", "running")),
+                Item.lease_owner.is_not(None),
+                Item.lease_expires_at < now,
+                Job.mode == "service",
+                *only,
+            )
+            .order_by(Item.job_id, Item.line)
+        )
+    ]
+
+
+def reap_expired(session: Session, now: datetime | None = None) -> dict[str, list[int]]:
+    """Take back the items whose worker stopped beating; commits.
+
+    Items of a cancelling job are cancelled (so the job ends `cancelled`); the others become
+    pending without a lease. The update is conditional, so when several sweepers run at
+    once each item is taken back by exactly one.
+
+    Returns:
+        job id -> the item ids to enqueue again.
+    """
+    now = now or utcnow()
+    expired = expired_items(session, now)
+    by_job: dict[str, list[int]] = {}
+    for job_id, item_id in expired:
+        by_job.setdefault(job_id, []).append(item_id)
+    requeue: dict[str, list[int]] = {}
+    for job_id, ids in by_job.items():
+        status = session.scalar(select(Job.status).where(Job.id == job_id))
+        still = (
+            Item.id.in_(ids),
+            Item.status.in_(("pending", "running")),
+            Item.lease_owner.is_not(None),
+            Item.lease_expires_at < now,
+        )
+        if status in ("cancelling", "cancelled"):
+            session.execute(
+                update(Item)
+                .where(*still)
+                .values(
+                    status="cancelled",
+                    error_code="cancelled",
+                    error_message="cancelled; its worker had stopped",
+                    finished_at=now,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                ),
+                execution_options={"synchronize_session": False},
+            )
+            refresh_job(session, job_id)
+        elif status == "in_progress":
+            won = session.scalars(
+                update(Item)
+                .where(*still)
+                .values(status="pending", lease_owner=None, lease_expires_at=None, queued_at=now)
+                .returning(Item.id),
+                execution_options={"synchronize_session": False},
+            ).all()
+            if won:
+                requeue[job_id] = sorted(won)
+        session.commit()
+    return requeue
 
 
 def finish_item(
@@ -203,7 +433,14 @@ def finish_item(
     session.execute(
         update(Item)
         .where(Item.id == item.id)
-        .values(status="completed", finished_at=utcnow(), error_code=None, error_message=None)
+        .values(
+            status="completed",
+            finished_at=utcnow(),
+            error_code=None,
+            error_message=None,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
     )
     refresh_job(session, item.job_id)
     session.commit()
@@ -232,8 +469,17 @@ def fail_item(session: Session, item_id: int, code: str, message: str) -> None:
 def _close(item: Item, status: str, code: str, message: str) -> None:
     item.status = status
     item.error_code = code
-    item.error_message = message
+    item.error_message = storable_text(message)
     item.finished_at = utcnow()
+    item.lease_owner = None
+    item.lease_expires_at = None
+
+
+def storable_text(text: str, limit: int | None = None) -> str:
+    """`text` as both stores can hold it: NUL and lone surrogates escaped, at most `limit`
+    characters (an error message quoting an engine exception may carry anything)."""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def open_item_ids(
@@ -249,10 +495,15 @@ def open_item_ids(
 
 
 def cancel_job(session: Session, job_id: str) -> Job:
-    """Stop a job: pending items are cancelled now, running ones finish, then `cancelled`."""
+    """Stop a job: pending items are cancelled now, running ones finish, then `cancelled`.
+
+    A running item whose lease has expired (its worker died) is cancelled now too, so the job
+    always ends `cancelled`; one whose worker dies later is cancelled by the sweeper.
+    """
     job = get_job(session, job_id)
     if job.status in JOB_DONE:
         return job
+    now = utcnow()
     # Items before the job row: the order workers lock them in (no deadlock on PostgreSQL).
     session.execute(
         update(Item)
@@ -261,32 +512,110 @@ def cancel_job(session: Session, job_id: str) -> Job:
             status="cancelled",
             error_code="cancelled",
             error_message="cancelled before it ran",
-            finished_at=utcnow(),
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
         )
     )
-    job.status, job.cancelling_at = "cancelling", utcnow()
+    session.execute(
+        update(Item)
+        .where(
+            Item.job_id == job_id,
+            Item.status == "running",
+            Item.lease_owner.is_not(None),
+            Item.lease_expires_at < now,
+        )
+        .values(
+            status="cancelled",
+            error_code="cancelled",
+            error_message="cancelled; its worker had stopped",
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    job.status, job.cancelling_at = "cancelling", now
     refresh_job(session, job_id)
     session.commit()
     return job
 
 
 def retry_job(session: Session, job_id: str) -> list[int]:
-    """Reset a job's failed (not invalid) items to pending with fresh attempts; their ids."""
+    """Queue a job's failed (not invalid) items again with fresh attempts, and its pending or
+    running items whose lease expired (their worker died); their ids. Commits."""
     job = get_job(session, job_id)
-    ids = open_item_ids(session, job_id, ("failed",))
-    if not ids:
+    failed = open_item_ids(session, job_id, ("failed",))
+    stuck = [i for _, i in expired_items(session, job_id=job_id)]
+    if not failed and not stuck:
         return []
-    session.execute(
-        update(Item)
-        .where(Item.job_id == job_id, Item.status == "failed")
-        .values(status="pending", attempts=0, error_code=None, error_message=None, finished_at=None)
-    )
-    job.status = "in_progress"
-    for stamp in ("completed_at", "failed_at", "finalizing_at"):
-        setattr(job, stamp, None)
+    if failed:
+        session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.status == "failed")
+            .values(
+                status="pending", attempts=0, error_code=None, error_message=None, finished_at=None
+            )
+        )
+    for i in range(0, len(stuck), 500):
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(stuck[i : i + 500]), Item.status.in_(("pending", "running")))
+            .values(status="pending", lease_owner=None, lease_expires_at=None),
+            execution_options={"synchronize_session": False},
+        )
+    if job.status not in ("cancelling",):
+        job.status = "in_progress"
+        for stamp in ("completed_at", "failed_at", "finalizing_at", "cancelled_at"):
+            setattr(job, stamp, None)
     refresh_job(session, job_id)
     session.commit()
-    return ids
+    return sorted(failed + stuck)
+
+
+def find_job(session: Session, idempotency_key: str) -> Job | None:
+    """The job submitted under `idempotency_key`, if any."""
+    return session.scalar(select(Job).where(Job.idempotency_key == idempotency_key))
+
+
+def worker_seen(session: Session, name: str, queues: Iterable[str], ttl_s: float) -> None:
+    """Record that worker `name` (host:pid) consumes `queues`, for `ttl_s` seconds; commits."""
+    now = utcnow()
+    row = {
+        "name": name,
+        "queues": ",".join(queues),
+        "seen_at": now,
+        "expires_at": lease_until(ttl_s),
+    }
+    dialect = session.get_bind().dialect.name
+    insert_ = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert_(WorkerPresence).values(started_at=now, **row)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["name"],
+        set_={k: stmt.excluded[k] for k in ("queues", "seen_at", "expires_at")},
+    )
+    session.execute(stmt)
+    session.commit()
+
+
+def worker_gone(session: Session, name: str) -> None:
+    """A worker stopped cleanly: it no longer counts as consuming its queues; commits."""
+    session.execute(
+        update(WorkerPresence).where(WorkerPresence.name == name).values(expires_at=utcnow())
+    )
+    session.commit()
+
+
+def queue_consumers(session: Session, queue: str) -> tuple[int, datetime | None]:
+    """How many live workers consume `queue`, and when one was last seen (None: never)."""
+    now = utcnow()
+    live, last = 0, None
+    for queues, seen, expires in session.execute(
+        select(WorkerPresence.queues, WorkerPresence.seen_at, WorkerPresence.expires_at)
+    ):
+        if queue in queues.split(","):
+            live += aware(expires) > now
+            last = max(last, aware(seen)) if last else aware(seen)
+    return live, last
 
 
 def job_summary(session: Session, job_id: str) -> dict[str, Any]:
@@ -342,6 +671,9 @@ def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str
         .outerjoin(Result, Result.item_id == Item.id)
         .where(Item.job_id == job_id)
         .order_by(Item.line)
+        # Batches of rows (a server-side cursor on PostgreSQL): a job's output is never whole
+        # in memory.
+        .execution_options(yield_per=500)
     )
     for item, result in rows:
         if result is not None:
@@ -349,6 +681,16 @@ def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str
         elif item.status in ITEM_DONE:
             error = {"code": item.error_code or item.status, "message": item.error_message or ""}
             yield False, output_line(job_id, item.line, item.custom_id, error=error)
+
+
+def invalid_lines(session: Session, job_id: str) -> list[LineError]:
+    """The job's bad input lines as stored, in line order."""
+    rows = session.execute(
+        select(Item.line, Item.custom_id, Item.error_code, Item.error_message)
+        .where(Item.job_id == job_id, Item.status == "invalid")
+        .order_by(Item.line)
+    )
+    return [LineError(line, cid, code or "invalid", msg or "") for line, cid, code, msg in rows]
 
 
 def list_jobs(session: Session, limit: int = 50) -> list[Job]:

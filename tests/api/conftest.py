@@ -1,5 +1,7 @@
 import pytest
 
+from tests.store.conftest import postgres_url, sqlite_url  # noqa: F401 - both stores
+
 
 @pytest.fixture(autouse=True)
 def store(tmp_path, monkeypatch):

@@ -44,14 +44,15 @@ BAD = [
             {
                 "custom_id": "u2",
                 "method": "POST",
-                "url": "/v1/completions",
+                "url": "/v1/embeddings",
                 "body": {"messages": [{"role": "user", "content": "x"}]},
             }
         ),
         "invalid_url",
     ),
     (chat("long", content="x" * 5000), "context_length_exceeded"),
-    (chat("mod", model="gpt-4o"), "model_not_found"),
+    (chat("st", stop="\n"), "unsupported_parameter"),
+    (chat("cid", custom_id_is="x"), "unknown_parameter"),
 ]
 
 

@@ -3,6 +3,9 @@ import uuid
 import psycopg
 import pytest
 
+from core.store.database import make_engine, make_sessionmaker
+from migrations import upgrade
+
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
@@ -25,3 +28,13 @@ def postgres_url():
             yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sessions(request):
+    """Sessions on a migrated store, once per backend."""
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
+    upgrade(url)
+    engine = make_engine(url)
+    yield make_sessionmaker(engine)
+    engine.dispose()

@@ -1,13 +1,25 @@
 """`applespec db upgrade` on empty SQLite and PostgreSQL databases."""
 
 import pytest
+from alembic import command
 from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
 from api.cli import cli
 from core.store.models import Base
+from migrations import alembic_config, head_revision
 
-TABLES = {"jobs", "items", "results", "metrics", "alembic_version"}
+TABLES = {
+    "jobs",
+    "items",
+    "results",
+    "metrics",
+    "workers",
+    "api_keys",
+    "files",
+    "batches",
+    "alembic_version",
+}
 
 
 def _check_schema(url):
@@ -19,7 +31,9 @@ def _check_schema(url):
             have = {c["name"] for c in insp.get_columns(table.name)}
             assert have == {c.name for c in table.columns}, table.name
         assert {u["name"] for u in insp.get_unique_constraints("results")} == {"uq_results_item_id"}
-        assert conn.execute(text("select version_num from alembic_version")).scalar() == "0001"
+        assert head_revision() == "0003"
+        version = conn.execute(text("select version_num from alembic_version")).scalar()
+        assert version == head_revision()
     engine.dispose()
 
 
@@ -34,6 +48,11 @@ def test_db_upgrade_on_an_empty_database(backend, request, monkeypatch):
     _check_schema(url)
     again = runner.invoke(cli, ["db", "upgrade"])  # idempotent
     assert again.exit_code == 0, again.output
+    down = runner.invoke(cli, ["db", "upgrade", "--revision", "0001"])
+    assert down.exit_code == 0, down.output  # already past it: a no-op
+    command.downgrade(alembic_config(url), "0001")  # 0002 comes off cleanly
+    command.upgrade(alembic_config(url), "head")
+    _check_schema(url)
 
 
 def test_db_upgrade_with_an_unreachable_database_is_one_line(monkeypatch):

@@ -7,18 +7,7 @@ from sqlalchemy import func, select
 
 from core.jobs import parse_job
 from core.store import repo
-from core.store.database import make_engine, make_sessionmaker
 from core.store.models import Item, Metric, Result
-from migrations import upgrade
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def sessions(request):
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
-    upgrade(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def _job(session, n=3, bad=("{oops",)):

@@ -85,7 +85,7 @@ def test_database_errors_retry_the_chunk(monkeypatch):
 
     calls = []
 
-    def flaky(settings, job_id, item_ids):
+    def flaky(settings, job_id, item_ids, app=None):
         calls.append((settings.database_url, job_id, item_ids))
         if len(calls) < 3:
             raise OperationalError("UPDATE items", {}, Exception("database is locked"))
@@ -99,3 +99,32 @@ def test_database_errors_retry_the_chunk(monkeypatch):
     assert result.get() == {"completed": 2, "failed": 0, "skipped": 0}
     # Retried with backoff, and always with this app's settings (not an earlier app's).
     assert calls == [("sqlite:///this.db", "batch_x", [1, 2])] * 3
+
+
+def test_a_job_row_naming_a_drafter_path_fails_on_the_worker_without_loading(tmp_path):
+    """Defence in depth: a job stored by an older client with `draft-model:/path` fails
+    per item with the policy's message; nothing is opened."""
+    from worker.process import process_item
+    from worker.tasks import _engine_for
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    settings = Settings(database_url=url, broker_url="memory://", model="tiny-random")
+    with sessions() as s:
+        requests, errors = parse_job(['{"custom_id": "a", "prompt": "p"}'])
+        job = repo.create_job(
+            s,
+            model="tiny-random",
+            drafter="draft-model:/etc/passwd",
+            requests=requests,
+            errors=errors,
+        )
+        repo.mark_in_progress(s, job.id)
+        s.commit()
+        (item_id,) = repo.open_item_ids(s, job.id)
+        outcome = process_item(
+            s, item_id, engine_for=lambda j: _engine_for(settings, j), max_attempts=3
+        )
+    assert outcome.error["code"] == "invalid_drafter"
+    assert "DraftNotAllowed: --draft draft-model:/etc/passwd: a path" in outcome.error["message"]

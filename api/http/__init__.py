@@ -1,0 +1,1 @@
+"""The HTTP side: the OpenAI Batch API (`/v1`), the dashboard (`/`) and `/metrics`."""
