@@ -1,4 +1,4 @@
-"""`applespec bench`: ours vs mlx-lm on the same weights and prompts, side by side."""
+"""`applespec bench`: ours vs mlx-lm's batch_generate on a job file, side by side."""
 
 from __future__ import annotations
 
@@ -7,6 +7,22 @@ import sys
 
 import click
 
+ROWS = ("mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec")
+
+
+def _sizes(value: str | None, param: str) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(
+            "expected comma-separated batch sizes like 8,16,32", param_hint=param
+        )
+    return sizes
+
 
 @click.command()
 @click.option("--model", default="smollm2-135m", envvar="APPLESPEC_MODEL", show_default=True)
@@ -14,67 +30,94 @@ import click
     "--input",
     "input_path",
     type=click.Path(exists=True, dir_okay=False),
-    help="Prompt set (JSONL with `messages` or `prompt`); default: the repo's.",
+    help="Job file (the OpenAI Batch lines `run` and `submit` take); default: "
+    "examples/jobs/grounded-64.jsonl.",
+)
+@click.option("--draft", default="auto", show_default=True, help="Drafter of the *_spec rows.")
+@click.option("--draft-model", help="A draft model sharing the tokenizer (for auto / draft-model).")
+@click.option(
+    "--batch-sizes",
+    help="mlx-lm batch sizes to try (default 8,16,32,64; on a GPU up to 256).",
 )
 @click.option(
-    "--drafters",
-    default="ngram,auto,early-exit:8/2,early-exit:27/3",
+    "--our-batch-sizes",
+    help="Our batch sizes to try (default: the one the cost surface picks).",
+)
+@click.option(
+    "--rows",
+    default=",".join(ROWS),
     show_default=True,
-    help="Comma-separated drafter specs; `SPEC/K` fixes the draft length.",
+    help="Which configurations to run.",
 )
 @click.option(
-    "--draft-model",
-    help="A draft model sharing the tokenizer (adds mlx-lm's own "
-    "speculative rows and our draft-model drafter).",
-)
-@click.option(
-    "--mlx-lm-draft-tokens",
-    default="2,3,4,5,6",
+    "--reference",
+    type=click.Choice(["mlx_lm", "ours_single"]),
+    default="mlx_lm",
     show_default=True,
-    help="num_draft_tokens values tried for mlx-lm's speculative decoding.",
+    help="Plain single-row greedy the identical counts compare with.",
 )
-@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--max-tokens", type=click.IntRange(1), help="Override every line's max_tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write JSON here.")
 def bench(
-    model, input_path, drafters, draft_model, mlx_lm_draft_tokens, max_tokens, as_json, output
+    model,
+    input_path,
+    draft,
+    draft_model,
+    batch_sizes,
+    our_batch_sizes,
+    rows,
+    reference,
+    max_tokens,
+    as_json,
+    output,
 ):
-    """Measure tokens/s of mlx-lm and of each drafter on one set of prompts.
+    """Tokens/s of mlx-lm's batch_generate and of our engine on one job, same weights.
 
-    Every configuration runs on the same loaded weights, interleaved prompt by prompt, so
-    the ratios are side by side. Greedy decoding: `identical` checks each configuration's
-    output against mlx-lm's, token for token.
+    Every configuration runs the whole job greedily in this process, so the ratios are
+    side by side. `identical` counts items whose output equals plain single-row greedy;
+    for the others the reference's top-1 minus top-2 logit at the first difference is
+    shown (a gap above 0.05 is a bug, not rounding).
 
     \b
     Examples:
-      applespec bench
-      applespec bench --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --json
+      applespec bench --input examples/jobs/grounded-64.jsonl
+      applespec bench --input job.jsonl --batch-sizes 16,32 --rows mlx_lm,ours_batched_spec --json
     """
-    from core.engine import ModelError, load_model
-    from core.engine.benchmark import format_table, load_prompts, run_bench
+    import mlx.core as mx
 
+    from core.engine import ModelError, load_model
+    from core.engine.benchmark import JobFileError, format_table, load_job, run_bench
+
+    wanted = {r.strip() for r in rows.split(",") if r.strip()}
+    if not wanted or wanted - set(ROWS):
+        raise click.BadParameter(f"choose from {', '.join(ROWS)}", param_hint="--rows")
+    gpu = mx.default_device() == mx.gpu
+    mlx_sizes = _sizes(batch_sizes, "--batch-sizes") or (
+        [8, 16, 32, 64, 128, 256] if gpu else [8, 16, 32, 64]
+    )
+    ours = _sizes(our_batch_sizes, "--our-batch-sizes")
     try:
         target = load_model(model)
-        draft = load_model(draft_model) if draft_model else None
-    except ModelError as e:
+        dm = load_model(draft_model) if draft_model else None
+        items = load_job(target, input_path, max_tokens)
+    except (ModelError, JobFileError) as e:
         raise click.ClickException(str(e)) from None
-    specs = [d.strip() for d in drafters.split(",") if d.strip()]
-    if draft is not None:
-        specs.append(f"draft-model:{draft_model}")
-    try:
-        ks = [int(x) for x in mlx_lm_draft_tokens.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            "expected comma-separated integers", param_hint="--mlx-lm-draft-tokens"
-        ) from None
-    prompts = load_prompts(input_path)
 
     def progress(msg: str) -> None:
         click.echo(f"  {msg}", err=True)
 
     try:
         result = run_bench(
-            target, prompts, specs, max_tokens, draft, ks if draft else (), progress=progress
+            target,
+            items,
+            drafter=draft,
+            mlx_lm_batches=[b for b in mlx_sizes if b <= max(len(items), 1)] or mlx_sizes[:1],
+            our_batches=ours,
+            draft_model=dm,
+            reference=reference,
+            configs=wanted,
+            progress=progress,
         )
     except ValueError as e:  # a bad drafter spec
         raise click.ClickException(str(e)) from None

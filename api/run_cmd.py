@@ -108,6 +108,21 @@ def open_output(path: str):
         raise click.ClickException(f"cannot write {path}: {e.strerror}") from e
 
 
+def _answer(body: dict[str, Any]) -> str:
+    choice = body["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice.get("text", "")
+
+
+def batch_option(f: Callable) -> Callable:
+    return click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        envvar="APPLESPEC_BATCH_SIZE",
+        help="Rows generated together (default: chosen from this machine's measured "
+        "verify-cost surface, kept under APPLESPEC_HOME).",
+    )(f)
+
+
 def _write(f, line: dict[str, Any]) -> None:
     f.write(json.dumps(line, ensure_ascii=False) + "\n")
     f.flush()
@@ -120,6 +135,7 @@ def _write(f, line: dict[str, Any]) -> None:
 )
 @model_option
 @generation_options
+@batch_option
 @click.option("--errors", type=click.Path(dir_okay=False), help="Write bad lines here, not to -o.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each answer on stderr.")
@@ -129,6 +145,7 @@ def run_cmd(
     model: str,
     draft: str,
     k: int | None,
+    batch_size: int | None,
     errors: str | None,
     as_json: bool,
     verbose: bool,
@@ -136,16 +153,19 @@ def run_cmd(
 ) -> None:
     """Run a job file (OpenAI Batch JSONL) on one model in this process, no Redis needed.
 
-    Each output line is written as soon as its request is done. Bad lines get an error line
-    (in --errors when given) and never stop the valid ones. Exit code 1 if any line failed.
+    Requests run together in one continuous batch, speculating per row. Output lines come
+    in input order, each as soon as it and every line before it is done; every result is
+    stored as it finishes. Bad lines get an error line (in --errors when given) and never
+    stop the valid ones. Exit code 1 if any line failed.
 
     \b
     Example:
         applespec run job.jsonl -o results.jsonl --errors errors.jsonl --max-tokens 64
     """
+    from core.jobs import generation_params, prompt_tokens
     from core.store import repo
     from core.store.database import StoreGone
-    from worker.process import process_item
+    from worker.process import start_item, store_error, store_result
 
     settings = Settings.from_env()
     model = settings.resolve_model(model)
@@ -200,24 +220,19 @@ def run_cmd(
         bar = stack.enter_context(
             click.progressbar(length=len(item_ids), label="requests", file=sys.stderr)
         )
-        for item_id in item_ids:
-            try:
-                with sessions() as s:
-                    done = process_item(
-                        s,
-                        item_id,
-                        engine_for=lambda _job: engine,
-                        max_attempts=1,
-                        worker_host="local",
-                    )
-            except StoreGone as e:
-                raise click.ClickException(f"{e}; stopped (results so far are in {output})") from e
-            if done is None:
-                continue
-            # Bad lines go into the output in input order when there is no --errors file.
-            while pending_errors and pending_errors[0].line < done.line:
-                e = pending_errors.pop(0)
-                _write(out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
+        # Every item through one continuous batch; output lines in input order (a line
+        # is written as soon as every earlier line is), each result stored as it finishes.
+        ready: dict[int, tuple] = {}
+        lines_left = [e.line for e in pending_errors]
+        batch = engine.new_batch(batch_size)
+
+        def emit(line: int, entry: tuple) -> None:
+            nonlocal failed, tokens, steps
+            kind, what = entry
+            if kind == "bad":
+                _write(out, output_line(job_id, what.line, what.custom_id, error=what.to_error()))
+                return
+            done = what
             if done.error is not None:
                 failed += 1
                 _write(err_out, output_line(job_id, done.line, done.custom_id, error=done.error))
@@ -226,11 +241,44 @@ def run_cmd(
                 tokens += len(done.result.tokens)
                 steps += int(done.result.speculative.get("verify_steps") or 0)
             if verbose:
-                text = done.body["choices"][0]["message"]["content"] if done.body else done.error
+                body = done.body
+                text = _answer(body) if body else done.error
                 click.echo(f"\n[{done.custom_id}] {text}", err=True)
             bar.update(1)
+
+        def flush() -> None:
+            while lines_left and lines_left[0] in ready:
+                line = lines_left.pop(0)
+                emit(line, ready.pop(line))
+
         for e in pending_errors:
-            _write(out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
+            ready[e.line] = ("bad", e)
+        try:
+            started_items = []
+            with sessions() as s:
+                for item_id in item_ids:
+                    st = start_item(s, item_id, max_attempts=1, worker_host="local")
+                    if st is not None:
+                        started_items.append(st)
+            lines_left = sorted(lines_left + [st.line for st in started_items])
+            for st in started_items:
+                try:
+                    batch.submit(
+                        prompt_tokens(engine.target, st.request),
+                        generation_params(st.request),
+                        tag=st,
+                    )
+                except Exception as e:  # a bad parameter or prompt fails the item alone
+                    with sessions() as s:
+                        ready[st.line] = ("done", store_error(s, st, e))
+            flush()
+            for r in batch.run():
+                with sessions() as s:
+                    ready[r.tag.line] = ("done", store_result(s, r.tag, r, "local"))
+                flush()
+        except StoreGone as e:
+            raise click.ClickException(f"{e}; stopped (results so far are in {output})") from e
+        flush()
     wall = time.perf_counter() - start
     with sessions() as s:
         summary = repo.job_summary(s, job_id)

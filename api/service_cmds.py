@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from api.run_cmd import (
+    batch_option,
     generation_options,
     model_option,
     open_output,
@@ -296,6 +297,7 @@ def retry_cmd(job_id: str, chunk_size: int | None) -> None:
 @model_option
 @click.option("--queues", "-Q", help="Comma-separated queues (default: the model's queue).")
 @click.option("--concurrency", "-c", type=click.IntRange(min=1), default=1, show_default=True)
+@batch_option
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option("--hostname", "-n", help="Node name (default: applespec-PID@HOST).")
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
@@ -303,11 +305,13 @@ def worker_cmd(
     model: str,
     queues: str | None,
     concurrency: int,
+    batch_size: int | None,
     loglevel: str,
     hostname: str | None,
     celery_args: tuple[str, ...],
 ) -> None:
-    """Start a Celery worker for a model's queue; each pool process loads the model once.
+    """Start a Celery worker for a model's queue; each pool process loads the model once
+    and runs one continuous batch fed by the chunks it takes.
 
     Extra arguments go to `celery worker` unchanged.
 
@@ -322,7 +326,7 @@ def worker_cmd(
 
     env = Settings.from_env()
     model = env.resolve_model(model)
-    settings = dataclasses.replace(env, model=model)
+    settings = dataclasses.replace(env, model=model, batch_size=batch_size or env.batch_size)
     _check_store(settings)
     app = create_app(settings)
     argv = [

@@ -1,6 +1,6 @@
 """Which weight format decodes faster on a GPU: re-quantized (mlx affine, the loader's GPU
 default) or float16. Loads one GGUF both ways and measures, on the same prompt, the verify
-cost curve and plain greedy decoding through the engine, plus the weights' memory.
+cost surface and plain greedy decoding through the engine, plus the weights' memory.
 
     python bench/weight_formats.py --model qwen2.5-coder-1.5b
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from core.engine.costs import measure_verify_curve  # noqa: E402
+from core.engine.costs import measure_surface  # noqa: E402
 from core.engine.generate import Engine  # noqa: E402
 from core.engine.loading import load_gguf  # noqa: E402
 from core.engine.registry import REGISTRY, model_path  # noqa: E402
@@ -48,15 +48,19 @@ def main() -> None:
     for fmt in ("quantized", "float16"):
         m = load(path, fmt)
         gib = sum(v.nbytes for _, v in tree_flatten(m.model.parameters())) / 2**30
-        curve = measure_verify_curve(m.model, widths=(1, 2, 4, 8, 16, 32))
-        eng = Engine(m, draft="none", cost=curve)
+        surface = measure_surface(m.model, batches=(1, 16), widths=(1, 2, 4, 8, 16, 32))
+        eng = Engine(m, draft="none", surface=surface, batch_size=1)
         prompt = m.encode_chat(PROMPT)
         params = GenerationParams(max_tokens=args.max_tokens)
         eng.generate(prompt, params)  # warm-up
         t0 = time.perf_counter()
         r = eng.generate(prompt, params)
         dt = time.perf_counter() - t0
-        ms = ", ".join(f"{w}: {c:.1f}" for w, c in zip(curve.widths, curve.ms, strict=True))
+        ms = "; ".join(
+            f"batch {b}: "
+            + ", ".join(f"{w}: {c:.1f}" for w, c in zip(surface.widths, row, strict=True))
+            for b, row in zip(surface.batches, surface.ms, strict=True)
+        )
         print(
             f"{m.weight_format:>10}: {gib:.2f} GiB weights, plain decode "
             f"{len(r.tokens) / dt:.1f} tok/s ({len(r.tokens)} tokens), verify ms {ms}",

@@ -884,8 +884,8 @@ def validate_for(
     )
 
 
-def run_request(engine: Any, request: JobRequest) -> Any:
-    """Generate one request with a core.engine Engine; returns its GenerationResult.
+def generation_params(request: JobRequest) -> Any:
+    """The engine's GenerationParams for a request.
 
     Parameters at their defaults that GenerationParams does not know yet are left out;
     one it does not know with another value is an error (never dropped silently).
@@ -899,4 +899,9 @@ def run_request(engine: Any, request: JobRequest) -> Any:
             params[name] = value
         elif name in PARAMS and value != PARAMS[name].default:
             raise ValueError(f"the engine does not take {name!r} yet")
-    return engine.generate(prompt_tokens(engine.target, request), GenerationParams(**params))
+    return GenerationParams(**params)
+
+
+def run_request(engine: Any, request: JobRequest) -> Any:
+    """Generate one request alone with a core.engine Engine; returns its GenerationResult."""
+    return engine.generate(prompt_tokens(engine.target, request), generation_params(request))

@@ -106,6 +106,8 @@ class Settings:
             job's model (the response names the model that ran).
         draft_model_dirs: APPLESPEC_DRAFT_MODEL_DIRS, directories (os.pathsep-separated) whose
             models a job may name in `draft-model:NAME` besides the registry aliases.
+        batch_size: APPLESPEC_BATCH_SIZE, rows of a worker's continuous batch; 0 = chosen
+            from the machine's measured verify-cost surface.
         serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
             batch on when its lines name one (`model` is always served); any other body.model
             runs on `model`.
@@ -129,6 +131,7 @@ class Settings:
     strict_models: bool = False
     draft_model_dirs: tuple[str, ...] = ()
     serve_models: tuple[str, ...] = ()
+    batch_size: int = 0
 
     def __post_init__(self) -> None:
         for name, (minimum, _kind) in _NUMBERS.items():
@@ -233,6 +236,7 @@ _NUMBERS: dict[str, tuple[float, type]] = {
     "max_lines": (1, int),
     "max_file_bytes": (64, int),
     "max_tokens_limit": (1, int),
+    "batch_size": (0, int),
 }
 
 

@@ -321,8 +321,14 @@ def choose(
     u = None
     if uniforms is not None:
         u = mx.stack([mx.zeros_like(uniforms), uniforms.astype(mx.float32)], axis=-1)
-    return verify(logits, tokens=mx.zeros((B, N), mx.int32), parents=flat, uniforms=u,
-                  greedy=uniforms is None, backend=backend).choice
+    return verify(
+        logits,
+        tokens=mx.zeros((B, N), mx.int32),
+        parents=flat,
+        uniforms=u,
+        greedy=uniforms is None,
+        backend=backend,
+    ).choice
 
 
 def launch(

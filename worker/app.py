@@ -25,7 +25,9 @@ def create_app(settings: Settings | None = None) -> Celery:
         result_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,
-        # A chunk is acknowledged only when it has run; a dead worker's chunk goes back.
+        # A chunk is acknowledged once its items are leased and handed to the process's
+        # engine; from then on the leases (renewed by the heartbeat) guard them, and a dead
+        # worker's items are re-queued by the sweeper when their leases expire.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,

@@ -29,6 +29,8 @@ class Heartbeat:
         lease_s: how far ahead each renewal extends a lease.
         interval: seconds between renewals (under half of `lease_s`).
         on_store_gone: called once if the SQLite file disappears (the process must stop).
+        on_cancelled: called with the held items whose job is being cancelled (the engine
+            drops those it has not started).
     """
 
     def __init__(
@@ -38,12 +40,14 @@ class Heartbeat:
         lease_s: float,
         interval: float,
         on_store_gone: Callable[[StoreGone], None] | None = None,
+        on_cancelled: Callable[[set[int]], None] | None = None,
     ):
         self.sessions = sessions
         self.worker = worker
         self.lease_s = lease_s
         self.interval = interval
         self.on_store_gone = on_store_gone
+        self.on_cancelled = on_cancelled
         self._held: dict[int, None] = {}  # insertion-ordered set
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -74,6 +78,9 @@ class Heartbeat:
             return set()
         with self.sessions() as session:
             renewed = repo.renew_leases(session, self.worker, ids, self.lease_s)
+            cancelled = repo.cancelled_items(session, renewed) if self.on_cancelled else set()
+        if cancelled:
+            self.on_cancelled(cancelled)
         with self._lock:  # only what is still held: an item may have finished meanwhile
             lost = {i for i in ids if i not in renewed and i in self._held}
             for i in lost:

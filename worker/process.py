@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 
 from core.draft_policy import DraftNotAllowed
 from core.engine.model import ModelError
-from core.jobs import JobRequest, completion_body, run_request
+from core.jobs import JobRequest, completion_body
 from core.store import repo
-from core.store.models import Job
+from core.store.models import Item
 
 # Test-only: a comma-separated list of custom_ids that make the worker process die
 # (os._exit) when it starts them, to exercise the poison-item cap. Unset in production.
@@ -67,57 +67,101 @@ class Outcome:
     result: Any = None  # the engine's GenerationResult when it succeeded
 
 
-def process_item(
+@dataclass
+class Started:
+    """A claimed item, ready for the engine."""
+
+    item_id: int
+    job_id: str
+    line: int
+    custom_id: str
+    job_model: str
+    drafter: str
+    k: int | None
+    request: JobRequest
+    attempt: int
+    queued_at: Any
+    started_at: Any
+
+
+def start_item(
     session: Session,
     item_id: int,
     *,
-    engine_for: Callable[[Job], Any],
     max_attempts: int,
-    worker_host: str | None = None,
+    worker_host: str,
     lease_s: float | None = None,
     owner_dead: Callable[[str], bool] | None = None,
-) -> Outcome | None:
-    """Claim, run and store one item; None when it was already done, cancelled, capped or
-    leased by another live worker.
-
-    With `lease_s` the item is leased to `worker_host` (its heartbeat must renew it). A
-    failure of this one request (bad model, engine error) marks the item failed and returns
-    its error; database errors propagate so the caller can retry the chunk.
-    """
-    worker_host = worker_host or worker_name()
+) -> Started | None:
+    """Claim an item (attempts counted, lease taken); None when it is done, cancelled,
+    capped or leased by another live worker."""
     item = repo.claim_item(session, item_id, worker_host, lease_s, max_attempts, owner_dead)
     if item is None:
         return None
     job = item.job
-    request = JobRequest.from_dict(item.request)
-    started = repo.aware(item.started_at)
-    queued = repo.aware(item.queued_at)
-    _maybe_crash(request.custom_id)
-    if os.environ.get(DELAY_ENV):
-        time.sleep(float(os.environ[DELAY_ENV]))
-    try:
-        engine = engine_for(job)
-        result = run_request(engine, request)
-    except Exception as e:  # a bad item fails alone; the chunk goes on
-        code = (
-            "model_error"
-            if isinstance(e, ModelError)
-            else "invalid_drafter"
-            if isinstance(e, DraftNotAllowed)
-            else "engine_error"
-        )
-        error = {"code": code, "message": f"line {item.line}: {type(e).__name__}: {e}"}
-        repo.fail_item(session, item.id, **error)
-        return Outcome(item.line, item.custom_id, error=error)
-    body = completion_body(job.model, result, request=request)
-    metric = repo.metric_row(
-        result,
+    return Started(
+        item_id=item.id,
+        job_id=item.job_id,
+        line=item.line,
+        custom_id=item.custom_id,
+        job_model=job.model,
+        drafter=job.drafter,
+        k=job.k,
+        request=JobRequest.from_dict(item.request),
         attempt=item.attempts,
-        worker_host=worker_host,
-        queue_wait_s=(started - queued).total_seconds() if queued and started else None,
+        queued_at=repo.aware(item.queued_at),
+        started_at=repo.aware(item.started_at),
     )
+
+
+def error_of(started: Started, e: BaseException) -> dict[str, str]:
+    """The per-item error record of a failure while preparing or running it."""
+    code = (
+        "model_error"
+        if isinstance(e, ModelError)
+        else "invalid_drafter"
+        if isinstance(e, DraftNotAllowed)
+        else "engine_error"
+    )
+    return {"code": code, "message": f"line {started.line}: {type(e).__name__}: {e}"}
+
+
+def store_result(session: Session, started: Started, result: Any, worker_host: str) -> Outcome:
+    """Store a finished item's response and metrics (once; a repeat is a no-op)."""
+    body = completion_body(started.job_model, result, request=started.request)
+    wait = (
+        (started.started_at - started.queued_at).total_seconds()
+        if started.queued_at and started.started_at
+        else None
+    )
+    metric = repo.metric_row(
+        result, attempt=started.attempt, worker_host=worker_host, queue_wait_s=wait
+    )
+    item = session.get(Item, started.item_id)
     repo.finish_item(session, item, body, metric)
-    return Outcome(item.line, item.custom_id, body=body, result=result)
+    return Outcome(started.line, started.custom_id, body=body, result=result)
+
+
+def store_error(session: Session, started: Started, e: BaseException) -> Outcome:
+    error = error_of(started, e)
+    repo.fail_item(session, started.item_id, **error)
+    return Outcome(started.line, started.custom_id, error=error)
+
+
+def crash_hook(custom_id: str) -> Callable[[], None] | None:
+    """Test-only: a callable that kills this process when the item's row starts running
+    (`APPLESPEC_TEST_CRASH_ON`), plus the optional per-item delay; None in production."""
+    crash = os.environ.get(CRASH_ENV)
+    delay = os.environ.get(DELAY_ENV)
+    if not crash and not delay:
+        return None
+
+    def hook() -> None:
+        _maybe_crash(custom_id)
+        if delay:
+            time.sleep(float(delay))
+
+    return hook
 
 
 def _maybe_crash(custom_id: str) -> None:

@@ -5,7 +5,9 @@ Every `sweep_interval` seconds, in the worker's main process:
 * presence: the worker records that it consumes its queues (`applespec wait` warns when no
   live worker consumes a job's queue);
 * leases: items whose lease expired (their worker stopped beating: SIGKILL, host crash,
-  OOM) are re-queued, or cancelled when their job is cancelling (`repo.reap_expired`);
+  OOM), or whose owner is a process of this host that no longer runs (a pool process
+  killed outright: at once, not after the lease), are re-queued, or cancelled when their
+  job is cancelling (`repo.reap_expired`);
 * broker epoch: the broker's epoch (worker/enqueue.py) is compared with the one each
   unfinished job was enqueued under. A job from an older epoch lost its queued chunks:
   one worker wins a conditional update and enqueues its open items again.
@@ -30,6 +32,7 @@ from core.store.models import Job
 
 from . import shutdown
 from .enqueue import broker_epoch, enqueue
+from .process import owner_is_dead
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ def reap(app, sessions) -> dict[str, list[int]]:
     """Re-enqueue the items whose lease expired; job id -> the item ids queued again."""
     settings = app.conf.applespec_settings
     with sessions() as session:
-        requeue = repo.reap_expired(session)
+        requeue = repo.reap_expired(session, owner_dead=owner_is_dead)
         for job_id, ids in requeue.items():
             try:
                 enqueue(app, session, job_id, ids, settings.chunk_size)

@@ -9,12 +9,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
+import threading
+import time
 
 from celery import Celery
 from celery.exceptions import Reject
 from sqlalchemy.exc import OperationalError
 
 from core.draft_policy import resolve_draft
+from core.jobs import generation_params, prompt_tokens
 from core.settings import Settings
 from core.store import repo
 from core.store.database import StoreGone, make_engine, make_sessionmaker
@@ -23,10 +27,21 @@ from . import shutdown
 from .app import TASK_NAME
 from .enqueue import hand_back
 from .heartbeat import Heartbeat
-from .process import owner_is_dead, process_item, worker_name
-from .runtime import engine_for
+from .process import (
+    Started,
+    crash_hook,
+    owner_is_dead,
+    start_item,
+    store_error,
+    store_result,
+    worker_name,
+)
+from .runtime import Cancelled, Work, runtime
 
 log = logging.getLogger(__name__)
+SHUTDOWN_DRAIN_S = (
+    30.0  # rows in flight at a warm shutdown finish within this (Celery's soft timeout)
+)
 
 
 def _sessions(url: str):
@@ -56,69 +71,200 @@ def _heartbeat_in(settings: Settings, pid: int) -> Heartbeat:
         settings.lease_timeout,
         settings.heartbeat_interval,
         on_store_gone=store_gone,
+        on_cancelled=lambda ids: runtime(settings.batch_size).cancel(ids),
     )
 
 
-def _engine_for(settings: Settings, job):
+class Writer:
+    """Stores finished items from a thread of its own (the engine thread never waits on the
+    database) and lets the heartbeat drop them."""
+
+    def __init__(self, settings: Settings, beat: Heartbeat):
+        self.sessions = _sessions(settings.database_url)
+        self.beat = beat
+        self.worker = worker_name()
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="applespec-writer", daemon=True)
+        self._thread.start()
+
+    def done(self, work: Work, result, error) -> None:
+        self._q.put((work.tag, result, error))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything handed in so far is stored."""
+        self._q.put(None)
+        deadline = time.monotonic() + timeout
+        while self._q.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def _run(self) -> None:
+        while True:
+            entry = self._q.get()
+            try:
+                if entry is not None:
+                    self._store(*entry)
+            except StoreGone as e:
+                log.error("%s: stopping this worker", e)
+                shutdown.stop_worker()
+            except Exception:  # the lease runs out and the item is queued again
+                log.exception("storing an item failed")
+            finally:
+                self._q.task_done()
+
+    def _store(self, started: Started, result, error) -> None:
+        try:
+            with self.sessions() as session:
+                if isinstance(error, Cancelled):
+                    repo.cancel_item(session, started.item_id)
+                elif error is not None:
+                    store_error(session, started, error)
+                else:
+                    store_result(session, started, result, self.worker)
+        finally:
+            self.beat.drop([started.item_id])
+
+
+def writer(settings: Settings) -> Writer:
+    """This process's writer (started on first use, after the fork)."""
+    return _writer_in(settings, os.getpid())
+
+
+@functools.cache
+def _writer_in(settings: Settings, pid: int) -> Writer:
+    return Writer(settings, heartbeat(settings))
+
+
+def _engine_key(settings: Settings, started: Started) -> tuple[str, str, int | None]:
     # The drafter is checked again here: a job row may come from an older client.
-    return engine_for(job.model, resolve_draft(job.drafter, settings), job.k)
+    return started.job_model, resolve_draft(started.drafter, settings), started.k
 
 
 def run_chunk(
     settings: Settings, job_id: str, item_ids: list[int], app: Celery | None = None
 ) -> dict[str, int]:
-    """Run the chunk's items that are not done yet and not leased to a live worker.
+    """Lease the chunk's items and hand them to this process's continuous batch.
 
-    The chunk is leased whole at the start (renewed by this process's heartbeat): a chunk
-    redelivered while this one runs skips its items. The job's status is checked before
-    each item, so a cancel stops the rest. On a warm shutdown the item in progress
-    finishes and the rest is released and queued again (with `app`). Database errors
-    propagate (the task retries).
+    Returns once every item is handed over (or skipped): the next chunk then arrives while
+    these run, so several chunks feed one batch. Each item is stored as its row finishes
+    (by the writer thread); the heartbeat keeps the leases alive meanwhile, and a dead
+    process's items are re-queued by the sweeper when their leases expire. A chunk
+    redelivered while this one runs skips its items. The job's status is checked as each
+    item is claimed, so a cancel stops the rest. On a warm shutdown the rest of the chunk
+    is released and queued again (with `app`). Database errors propagate (retried).
 
     Returns:
-        Counts by outcome: completed, failed, skipped (done or held elsewhere), handed_back.
+        Counts: submitted (handed to the engine), failed (before running), skipped (done
+        or held elsewhere), handed_back.
     """
     sessions = _sessions(settings.database_url)
     worker = worker_name()
     beat = heartbeat(settings)
-    counts = {"completed": 0, "failed": 0, "skipped": 0, "handed_back": 0}
+    rt = runtime(settings.batch_size)
+    out = writer(settings)
+    counts = {"submitted": 0, "failed": 0, "skipped": 0, "handed_back": 0}
     with sessions() as session:
         leased = repo.lease_items(
             session, job_id, item_ids, worker, settings.lease_timeout, owner_is_dead
         )
     mine = beat.hold(leased)
     counts["skipped"] = len(item_ids) - len(mine)
-    try:
-        for n, item_id in enumerate(mine):
-            if shutdown.requested() and app is not None:
-                with sessions() as session:
-                    counts["handed_back"] = hand_back(
-                        app, session, job_id, mine[n:], worker, settings.chunk_size
-                    )
-                break
+    for n, item_id in enumerate(mine):
+        while not shutdown.requested() and not rt.wait_for_room(timeout=1.0):
+            pass  # a full backlog: this chunk waits on the broker's side
+        if shutdown.requested() and app is not None:
             with sessions() as session:
-                outcome = process_item(
-                    session,
-                    item_id,
-                    engine_for=lambda job: _engine_for(settings, job),
-                    max_attempts=settings.max_attempts,
-                    worker_host=worker,
-                    lease_s=settings.lease_timeout,
-                    owner_dead=owner_is_dead,
+                counts["handed_back"] = hand_back(
+                    app, session, job_id, mine[n:], worker, settings.chunk_size
                 )
+            beat.drop(mine[n:])
+            break
+        with sessions() as session:
+            started = start_item(
+                session,
+                item_id,
+                max_attempts=settings.max_attempts,
+                worker_host=worker,
+                lease_s=settings.lease_timeout,
+                owner_dead=owner_is_dead,
+            )
+        if started is None:
             beat.drop([item_id])
-            if outcome is None:
-                counts["skipped"] += 1
+            counts["skipped"] += 1
+            continue
+        try:
+            key = _engine_key(settings, started)
+            params = generation_params(started.request)
+        except Exception as e:  # a bad drafter or parameter fails the item alone
+            with sessions() as session:
+                store_error(session, started, e)
+            beat.drop([item_id])
+            counts["failed"] += 1
+            continue
+        request = started.request
+        work = Work(
+            key=key,
+            prompt=lambda target, r=request: prompt_tokens(target, r),
+            params=params,
+            done=out.done,
+            on_admit=crash_hook(started.custom_id),
+            tag=started,
+            id=started.item_id,
+        )
+        if started.attempt > 1:
+            # It was running when a worker died: it may be what killed it. It runs alone,
+            # so if it kills this process too no other item is charged an attempt.
+            while not rt.submit_alone(work, timeout=1.0):
+                if shutdown.requested() and app is not None:
+                    break
             else:
-                counts["failed" if outcome.error else "completed"] += 1
-    finally:
-        beat.drop(mine)
+                counts["submitted"] += 1
+                continue
+            with sessions() as session:  # not started: its attempt is given back
+                counts["handed_back"] = hand_back(
+                    app, session, job_id, mine[n:], worker, settings.chunk_size
+                )
+            beat.drop(mine[n:])
+            break
+        rt.submit(work)
+        counts["submitted"] += 1
     log.info("job %s chunk of %d: %s", job_id, len(item_ids), counts)
     return counts
 
 
+def hand_back_all(settings: Settings, app: Celery | None) -> int:
+    """A warm shutdown of this process: hand back what waits in the engine's queue, let the
+    rows in flight finish and their results be stored. Returns the items handed back."""
+    rt = runtime(settings.batch_size)
+    taken = rt.take_back()
+    n = 0
+    if taken and app is not None:
+        sessions = _sessions(settings.database_url)
+        by_job: dict[str, list[int]] = {}
+        for w in taken:
+            by_job.setdefault(w.tag.job_id, []).append(w.tag.item_id)
+        with sessions() as session:
+            for job_id, ids in by_job.items():
+                n += hand_back(app, session, job_id, ids, worker_name(), settings.chunk_size)
+        heartbeat(settings).drop([w.tag.item_id for w in taken])
+    rt.drain(timeout=SHUTDOWN_DRAIN_S)
+    writer(settings).flush()
+    return n
+
+
 def register(app: Celery, settings: Settings) -> None:
-    """Add the chunk task to `app`."""
+    """Add the chunk task to `app`, and the pool process's warm exit (`hand_back_all`)."""
+    from celery import signals
+
+    def on_exit(**_kwargs) -> None:
+        try:
+            handed = hand_back_all(settings, app)
+            log.info("handed %d queued item(s) back on shutdown", handed)
+        except Exception:  # the leases run out and the sweeper re-queues the items
+            log.exception("handing items back on shutdown failed")
+
+    signals.worker_process_shutdown.connect(
+        on_exit, weak=False, dispatch_uid=f"applespec-exit-{id(app)}"
+    )
 
     @app.task(
         name=TASK_NAME,

@@ -38,7 +38,11 @@ def walk(tokens: list[int], parents: list[int] | None, choice: list[int]) -> tup
     cur = -1
     while True:
         nxt = next(
-            (i for i, (t, p) in enumerate(zip(tokens, parents, strict=True)) if p == cur and t == want),
+            (
+                i
+                for i, (t, p) in enumerate(zip(tokens, parents, strict=True))
+                if p == cur and t == want
+            ),
             None,
         )
         if nxt is None:

@@ -90,12 +90,21 @@ def load_job(target: LoadedModel, path: str | Path | None, max_tokens: int | Non
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise JobFileError(f"{path}:{n}: invalid JSON: {e.msg}") from None
-        if isinstance(obj, dict) and "custom_id" not in obj and ("messages" in obj or "prompt" in obj):
+            raise JobFileError(f"{path}: line {n}: invalid JSON: {e.msg}") from None
+        if (
+            isinstance(obj, dict)
+            and "custom_id" not in obj
+            and ("messages" in obj or "prompt" in obj)
+        ):
             # a bench line: give it the job format's envelope
             body = {k: obj[k] for k in ("messages", "max_tokens") if k in obj}
             obj = (
-                {"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+                {
+                    "custom_id": f"line-{n}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": body,
+                }
                 if "messages" in obj
                 else {"custom_id": f"line-{n}", "prompt": obj["prompt"]}
             )
@@ -168,7 +177,13 @@ def run_bench(
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Run every configuration on the whole job and return the table as a dict."""
-    want = configs or {"mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec"}
+    want = configs or {
+        "mlx_lm",
+        "ours_single",
+        "ours_single_spec",
+        "ours_batched",
+        "ours_batched_spec",
+    }
     kw = {"draft_model": draft_model} if draft_model is not None else {}
     base = Engine(target, draft=drafter, progress=progress, **kw)
     surface = base.surface  # measured (or loaded) before any timing
@@ -240,7 +255,10 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
         out = []
         for i, (o, r) in enumerate(zip(outputs, ref_outputs, strict=True)):
             if o != r:
-                j = next((j for j, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
+                j = next(
+                    (j for j, (a, b) in enumerate(zip(o, r, strict=False)) if a != b),
+                    min(len(o), len(r)),
+                )
                 if (i, j) not in gaps:
                     gaps[(i, j)] = top_gap(target, items[i].prompt, r[:j])
                 out.append(gaps[(i, j)])
@@ -266,7 +284,9 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
             }
         )
     for prefix in ("mlx_lm_batch_", "ours_batched_spec_", "ours_batched_"):
-        cands = [t for t in table if t["name"].startswith(prefix) and t["name"][len(prefix) :].isdigit()]
+        cands = [
+            t for t in table if t["name"].startswith(prefix) and t["name"][len(prefix) :].isdigit()
+        ]
         if cands:
             best = max(cands, key=lambda t: t["tokens_per_s"])
             table.append({**best, "name": prefix.rstrip("_"), "config": best["name"]})
@@ -311,9 +331,11 @@ def format_table(result: dict) -> str:
             f"{r['identical_rows']:>6}/{result['items']:<4}{gap:>9}{mal:>9}  {mix}"
         )
     surf = result["cost_surface_ms"]
-    lines.append("verify cost surface (ms; rows = batch size, columns = tokens per row "
-                 + "/".join(map(str, surf["widths"])) + "):")
+    lines.append(
+        "verify cost surface (ms; rows = batch size, columns = tokens per row "
+        + "/".join(map(str, surf["widths"]))
+        + "):"
+    )
     for b, ms in zip(surf["batches"], surf["ms"], strict=True):
         lines.append(f"  {b:>4}: " + " ".join(f"{m:8.1f}" for m in ms))
     return "\n".join(lines)
-

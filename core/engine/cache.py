@@ -101,7 +101,9 @@ class BatchKVCache:
         if self.keys[layer] is None:
             _, H, D = keys.shape
             self.keys[layer] = mx.zeros((self.capacity, H, self.size, D), keys.dtype)
-            self.values[layer] = mx.zeros((self.capacity, H, self.size, values.shape[2]), values.dtype)
+            self.values[layer] = mx.zeros(
+                (self.capacity, H, self.size, values.shape[2]), values.dtype
+            )
         self.keys[layer][rows, :, slots] = keys
         self.values[layer][rows, :, slots] = values
 

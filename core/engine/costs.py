@@ -87,7 +87,11 @@ class CostSurface:
         return cls(BATCHES, WIDTHS, tuple(tuple(1.0 for _ in WIDTHS) for _ in BATCHES))
 
     def to_json(self) -> dict:
-        return {"batches": list(self.batches), "widths": list(self.widths), "ms": [list(r) for r in self.ms]}
+        return {
+            "batches": list(self.batches),
+            "widths": list(self.widths),
+            "ms": [list(r) for r in self.ms],
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> CostSurface:
@@ -157,10 +161,13 @@ def data_dir() -> Path:
     return base / "applespec"
 
 
-def machine_key(model_name: str, weight_format: str) -> str:
-    """What a measured surface is valid for: the model, its weights, this device and host."""
+def machine_key(model: nn.Module, weight_format: str) -> str:
+    """What a measured surface is valid for: the model's shape (not its name: the cost of
+    seeds of one architecture is the same), its weight format, this device and host."""
+    args = getattr(model, "args", None)
+    shape = json.dumps(vars(args), sort_keys=True, default=str) if args is not None else ""
     parts = [
-        model_name,
+        shape,
         weight_format,
         str(mx.default_device()),
         platform.machine(),
@@ -196,7 +203,7 @@ def load_or_measure(
     model: nn.Module, model_name: str, weight_format: str, progress=lambda s: None
 ) -> CostSurface:
     """The surface kept for this machine and model, measured (and kept) when missing."""
-    path = data_dir() / "costs" / f"{machine_key(model_name, weight_format)}.json"
+    path = data_dir() / "costs" / f"{machine_key(model, weight_format)}.json"
     try:
         return CostSurface.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):

@@ -174,7 +174,7 @@ def allocate(
             row.append(np.full(n, r))
             depth.append(np.arange(forced[r] + 1, len(o.gains) + 1))
             grp.append(np.full(n, gid[o.group] if o.group is not None else -1))
-    base_gain = float(sum(o.gains[: f].sum() for o, f in zip(offers, forced, strict=True)))
+    base_gain = float(sum(o.gains[:f].sum() for o, f in zip(offers, forced, strict=True)))
     base_steps = np.zeros(len(groups))
     for o, f in zip(offers, forced, strict=True):
         if o.group is not None:

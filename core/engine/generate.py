@@ -83,6 +83,8 @@ class Engine:
         profile: evaluate at phase boundaries so draft/verify/accept/cache times are exact
             (a few extra syncs per step); off, the device time shows up in accept_s.
         overlap: finish the previous step's rows while the device runs the current forward.
+        pipeline: plain decoding (`none`) queues each step before reading the previous one
+            back (mlx-lm's double buffering); False syncs every step.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class Engine:
         prefill_tokens: int | None = None,
         profile: bool = False,
         overlap: bool = True,
+        pipeline: bool = True,
         progress: Callable[[str], None] = lambda s: None,
     ):
         entry, arg = registry.parse(draft)
@@ -112,8 +115,6 @@ class Engine:
                 raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
         if entry.name == "draft-model" and draft_model is None:
             draft_model = load_model(arg)
-        if entry.name == "tree" and arg and draft_model is None:
-            raise ValueError("a static tree shape (tree:3,2,1) needs a draft model")
         if draft_model is not None:
             check_supported(draft_model.model)
             if draft_model.vocab_size != target.vocab_size:
@@ -135,6 +136,7 @@ class Engine:
         self.prefill_tokens = prefill_tokens or (2048 if on_gpu else 256)
         self.profile = profile
         self.overlap = overlap
+        self.pipeline = pipeline
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
@@ -157,7 +159,9 @@ class Engine:
         if self._draft_surface is None:
             d = self.draft_model
             with mx.stream(generation_stream):
-                self._draft_surface = load_or_measure(d.model, d.name, d.weight_format, self.progress)
+                self._draft_surface = load_or_measure(
+                    d.model, d.name, d.weight_format, self.progress
+                )
         return self._draft_surface
 
     @property
@@ -174,7 +178,9 @@ class Engine:
 
     def carried(self, drafter: Drafter) -> AcceptanceStats:
         if drafter.name not in self.acceptance:
-            self.acceptance[drafter.name] = AcceptanceStats(PRIORS.get(drafter.kind, PRIORS["ngram"]))
+            self.acceptance[drafter.name] = AcceptanceStats(
+                PRIORS.get(drafter.kind, PRIORS["ngram"])
+            )
         return self.acceptance[drafter.name]
 
     def new_batch(self, capacity: int | None = None) -> Batch:
@@ -220,6 +226,7 @@ class Batch:
         self._draft_model_drafter = None
         self.drafters: list[Drafter] = engine.entry.build(self, engine.arg)
         self._done: list[Sequence] = []  # finished last step, results not yet built
+        self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
         self.steps = 0
 
     def draft_model_drafter(self):
@@ -235,8 +242,20 @@ class Batch:
 
     # -- queue ------------------------------------------------------------------------
 
-    def submit(self, prompt: list[int], params: GenerationParams, tag: Any = None) -> Sequence:
-        """Queue a request; it joins the batch when a row is free."""
+    def submit(
+        self,
+        prompt: list[int],
+        params: GenerationParams,
+        tag: Any = None,
+        isolate: bool = False,
+        on_admit: Callable[[], None] | None = None,
+    ) -> Sequence:
+        """Queue a request; it joins the batch when a row is free.
+
+        `isolate` runs it alone (nothing else admitted while it runs; it waits for the
+        batch to empty): a request that was in flight when a worker died may be the one
+        that killed it. `on_admit` is called when its row joins.
+        """
         ctx = self.target.context_length
         if not prompt:
             raise ValueError("empty prompt")
@@ -248,7 +267,9 @@ class Batch:
             max_tokens=min(params.max_tokens, ctx - len(prompt)),
             seed=row_seed(params),
             tag=tag,
-            metrics=RequestMetrics(drafter=self.engine.draft_spec, profiled=self.engine.profile),
+            metrics=RequestMetrics(drafter=self.engine.draft_spec),
+            isolate=isolate,
+            on_admit=on_admit,
         )
         self.queue.append(seq)
         return seq
@@ -259,7 +280,7 @@ class Batch:
 
     @property
     def idle(self) -> bool:
-        return not self.queue and self.active == 0 and not self._done
+        return not self.queue and self.active == 0 and not self._done and not self._lag
 
     def run(self) -> Iterator[GenerationResult]:
         """Step until every queued request has finished, yielding results as they do."""
@@ -274,6 +295,8 @@ class Batch:
             return self._step()
 
     def _step(self) -> list[GenerationResult]:
+        if not self.drafters and self.engine.pipeline:
+            return self._step_plain()
         eng = self.engine
         self._admit()
         prefill = self._prefill_plan()
@@ -297,44 +320,174 @@ class Batch:
         outs = forward(self.target.model, self.cache, segments)
         if eng.profile:
             mx.eval(outs)
-        t2 = time.perf_counter()
         picks = [self._choices(v, o) for v, o in zip(views, outs, strict=False)]
         first = None
         if prefill:
             first = self._first_tokens(prefill, outs[-1])
         pending = [*picks, *([first] if first is not None else [])]
-        pending += [d.tokens for d in (plan.drafts.values() if plan else []) if isinstance(d.tokens, mx.array)]
+        pending += [
+            d.tokens
+            for d in (plan.drafts.values() if plan else [])
+            if isinstance(d.tokens, mx.array)
+        ]
         mx.async_eval(pending)
+        r0 = time.perf_counter()
         results = self._results() if eng.overlap else []  # host work while the device runs
+        r1 = time.perf_counter()
         mx.eval(pending)  # the step's one sync
         t3 = time.perf_counter()
+        cache_s = 0.0
         if plan is not None:
-            self._commit(plan, [p.tolist() for p in picks], views)
+            cache_s = self._commit(plan, [p.tolist() for p in picks], views)
         if prefill:
             self._commit_prefill(prefill, first.tolist() if first is not None else None)
         t4 = time.perf_counter()
         if plan is not None:
+            # Each row's share of the step. Unprofiled, the device's forward time is in
+            # verify_s (the wait at the sync), beside building the forward.
             share = 1.0 / len(decode)
             for s in decode:
                 ph = s.metrics.phases
                 ph["draft_s"] += (t1 - t0) * share
-                ph["verify_s"] += (t2 - t1) * share
-                ph["accept_s"] += (t3 - t2) * share
-                ph["cache_s"] += (t4 - t3) * share
+                ph["verify_s"] += (t3 - t1 - (r1 - r0)) * share
+                ph["accept_s"] += (t4 - t3 - cache_s) * share
+                ph["cache_s"] += cache_s * share
         self.steps += 1
         return results if eng.overlap else self._results()
 
+    def _step_plain(self) -> list[GenerationResult]:
+        """Plain decoding, double-buffered like mlx-lm: this step is queued on the device
+        with the previous step's tokens still there, before those are read back. A row
+        that turns out to have finished (EOS) was computed once more for nothing."""
+        self._admit()
+        prefill = self._prefill_plan()
+        lag_rows, lag_tokens = self._lag or ([], None)
+        lagging = {s.uid: j for j, s in enumerate(lag_rows)}
+        decode = []
+        for s in self.rows:
+            if s is None or s.finish_reason is not None:
+                continue
+            if s.uid in lagging:  # its next input is the previous step's token, on the device
+                known = len(s.output) + 1
+                if known < s.max_tokens:
+                    decode.append(s)
+            elif s.output:
+                decode.append(s)
+        segments = []
+        if decode:
+            host = np.array([0 if s.uid in lagging else s.pending for s in decode], np.int32)
+            ids = mx.array(host)
+            dev = [i for i, s in enumerate(decode) if s.uid in lagging]
+            if dev:
+                src = mx.array([lagging[decode[i].uid] for i in dev])
+                ids[mx.array(dev)] = lag_tokens[src]
+            segments.append(Segment([s.slot for s in decode], [[0]] * len(decode), ids=ids))
+        if prefill:
+            segments.append(
+                Segment([s.slot for s, _ in prefill], [c for _, c in prefill], logits="last")
+            )
+        launched: tuple[list[Sequence], mx.array] | None = None
+        if segments:
+            outs = forward(self.target.model, self.cache, segments)
+            rows, picks = [], []
+            if decode:
+                pos = self.cache.lengths[[s.slot for s in decode]] + 1  # after the input
+                seeds = np.array([s.seed for s in decode], dtype=np.uint32)
+                picks.append(choose(outs[0], [s.params for s in decode], seeds, pos))
+                rows += decode
+                for s in decode:  # its input is in the cache now
+                    self.cache.lengths[s.slot] += 1
+            if prefill:
+                for s, c in prefill:
+                    s.prefilled += len(c)
+                    self.cache.lengths[s.slot] += len(c)
+                done = [i for i, (s, _) in enumerate(prefill) if s.prefilled == len(s.prompt)]
+                if done:
+                    first = self._first_tokens_of(
+                        [prefill[i][0] for i in done], outs[-1], done, len(prefill)
+                    )
+                    picks.append(first)
+                    rows += [prefill[i][0] for i in done]
+            if rows:
+                tokens = picks[0] if len(picks) == 1 else mx.concatenate(picks)
+                mx.async_eval(tokens)
+                launched = (rows, tokens)
+        results = self._results()
+        if lag_rows:
+            self._commit_plain(lag_rows, lag_tokens.tolist())  # the step's one sync
+        self._lag = launched
+        self.steps += 1
+        return results
+
+    def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
+        eos = self.target.eos_token_ids
+        now = time.perf_counter()
+        B = len(rows)
+        for s, t in zip(rows, tokens, strict=True):
+            if s.finish_reason is not None:
+                continue  # finished meanwhile: this token was computed for nothing
+            if not s.output:
+                s.metrics.t_first = now
+            else:
+                s.metrics.record_step("none", 0, 0, 1)
+                s.batch_rows += B
+            if t in eos:
+                self._finish(s, "stop")
+                continue
+            s.output.append(t)
+            if len(s.output) >= s.max_tokens:
+                self._finish(s, "length")
+
     # -- admission and prefill --------------------------------------------------------
+
+    def take_queued(self, which: Callable[[Sequence], bool] | None = None) -> list[Sequence]:
+        """Remove and return the requests not admitted yet (those `which` picks)."""
+        out = [s for s in self.queue if which is None or which(s)]
+        taken = {s.uid for s in out}
+        self.queue = deque(s for s in self.queue if s.uid not in taken)
+        return out
+
+    def drop(self, which: Callable[[Sequence], bool]) -> list[Sequence]:
+        """Stop the rows and queued requests `which` picks (their job was cancelled)."""
+        out = self.take_queued(which)
+        for s in self.rows:
+            if s is not None and which(s):
+                for d in self.drafters:
+                    d.retire(s)
+                self.rows[s.slot] = None
+                self.cache.lengths[s.slot] = 0
+                s.finish_reason = "cancelled"
+                out.append(s)
+        # (a plain-decoding step still in flight skips them: their finish_reason is set)
+        return out
+
+    def abandon(self) -> list[Any]:
+        """Drop every row and queued request (after an engine failure); their tags."""
+        tags = [s.tag for s in self.rows if s is not None] + [s.tag for s in self.queue]
+        tags += [s.tag for s in self._done]
+        self.rows = [None] * self.capacity
+        self.queue.clear()
+        self._done = []
+        self.cache = BatchKVCache(self.target.num_layers, self.capacity)
+        self._draft_model_drafter = None
+        self.drafters = self.engine.entry.build(self, self.engine.arg)
+        return tags
 
     def _admit(self) -> None:
         free = [i for i, r in enumerate(self.rows) if r is None]
-        while free and self.queue and self._fits(self.queue[0]):
+        alone = any(r is not None and r.isolate for r in self.rows)
+        while free and self.queue and not alone and self._fits(self.queue[0]):
+            if self.queue[0].isolate and self.active:
+                break  # it waits for the rows in flight to finish
             seq = self.queue.popleft()
+            alone = seq.isolate
             seq.slot = free.pop(0)
             seq.t_admit = time.perf_counter()
             seq.metrics.t_start = seq.t_admit
             self.rows[seq.slot] = seq
             self.cache.lengths[seq.slot] = 0
+            if seq.on_admit is not None:
+                seq.on_admit()
 
     def _fits(self, seq: Sequence) -> bool:
         budget = self.engine.max_kv_bytes
@@ -349,7 +502,7 @@ class Batch:
         budget = self.engine.prefill_tokens
         plan = []
         joining = sorted(
-            (s for s in self.rows if s is not None and not s.output and s.finish_reason is None),
+            (s for s in self.rows if s is not None and s.prefilled < len(s.prompt)),
             key=lambda s: s.t_admit,
         )
         for s in joining:
@@ -364,11 +517,15 @@ class Batch:
         done = [i for i, (s, c) in enumerate(prefill) if s.prefilled + len(c) == len(s.prompt)]
         if not done:
             return None
-        seqs = [prefill[i][0] for i in done]
-        rows = logits[mx.array(done)] if len(done) < len(prefill) else logits
+        return self._first_tokens_of([prefill[i][0] for i in done], logits, done, len(prefill))
+
+    @staticmethod
+    def _first_tokens_of(seqs, logits: mx.array, done: list[int], rows: int) -> mx.array:
+        """The first generated token of rows whose prompt is now in the cache."""
+        picked = logits[mx.array(done)] if len(done) < rows else logits
         pos = np.array([len(s.prompt) for s in seqs])
         seeds = np.array([s.seed for s in seqs], dtype=np.uint32)
-        return choose(rows, [s.params for s in seqs], seeds, pos)
+        return choose(picked, [s.params for s in seqs], seeds, pos)
 
     def _commit_prefill(self, prefill, first: list[int] | None) -> None:
         firsts = iter(first or [])
@@ -414,7 +571,9 @@ class Batch:
         elif self.drafters:
             offers = []
             marginal = max(eng.surface.relative(B, B + 1) - 1.0, 1e-6)
-            costs = {d.name: d.step_cost(B) for d in self.drafters if not d.lookup and eng.k is None}
+            costs = {
+                d.name: d.step_cost(B) for d in self.drafters if not d.lookup and eng.k is None
+            }
             for i, s in enumerate(decode):
                 best, best_rate = None, 1.0
                 for d in self.drafters:
@@ -466,7 +625,11 @@ class Batch:
             n = look.sizes[i]
             if n == 0:
                 return None
-            gains = np.minimum.accumulate(np.asarray(look.chances[i][:n])) if look.chances else pol.stats.gains(n)
+            gains = (
+                np.minimum.accumulate(np.asarray(look.chances[i][:n]))
+                if look.chances
+                else pol.stats.gains(n)
+            )
         else:
             if cap == 0:
                 return None
@@ -480,10 +643,13 @@ class Batch:
         """The target's token after every node of a segment (packed, row-major)."""
         return choose(logits, view.params, view.seeds, view.positions)
 
-    def _commit(self, plan: StepPlan, picks: list[list[int]], views: list[SegmentView]) -> None:
+    def _commit(self, plan: StepPlan, picks: list[list[int]], views: list[SegmentView]) -> float:
+        """Keep each row's accepted nodes; returns the seconds spent compacting caches."""
         eos = self.target.eos_token_ids
         dev_tokens = {
-            name: d.tokens.tolist() for name, d in plan.drafts.items() if isinstance(d.tokens, mx.array)
+            name: d.tokens.tolist()
+            for name, d in plan.drafts.items()
+            if isinstance(d.tokens, mx.array)
         }
         # Per row: its choices (k + 1) from the segment it was verified in.
         row_choice: dict[int, list[int]] = {}
@@ -512,10 +678,16 @@ class Batch:
             if parents is not None and path != list(range(len(path))):
                 moves_rows.append(s.slot)
                 moves_paths.append([0] + [p + 1 for p in path])
+            # Per-position statistics: a chain proposes its length; a tree its depth.
+            proposed = (
+                len(toks) if parents is None else max(_depths([-1] + [p + 1 for p in parents]))
+            )
             for other in self.drafters:
-                s.stats[other.name].observe(len(toks) if other is d else 0, len(path))
+                s.stats[other.name].observe(proposed if other is d else 0, len(path))
             emitted = [toks[p] for p in path] + [nxt]
-            s.metrics.record_step(draft.source if draft is not None else "none", k, len(path), len(emitted))
+            s.metrics.record_step(
+                draft.source if draft is not None else "none", k, len(path), len(emitted)
+            )
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + len(path)
             for t in emitted:
@@ -526,17 +698,22 @@ class Batch:
                 if len(s.output) >= s.max_tokens:
                     finished.append((s, "length"))
                     break
+        c0 = time.perf_counter()
         if moves_rows:  # before the lengths moved on: compact reads them as the base
             for r, p in zip(moves_rows, moves_paths, strict=True):
                 self.cache.lengths[r] -= len(p)
             self.cache.compact(moves_rows, moves_paths)
             for r, p in zip(moves_rows, moves_paths, strict=True):
                 self.cache.lengths[r] += len(p)
+            if self.engine.profile:
+                mx.eval(self.cache.state())
+        cache_s = time.perf_counter() - c0
         for name, draft in plan.drafts.items():
             d = next(x for x in self.drafters if x.name == name)
             d.commit([plan.decode[i] for i in plan.members[name]], draft, paths[name])
         for seq, reason in finished:  # after the drafters rolled back their state
             self._finish(seq, reason)
+        return cache_s
 
     # -- finishing --------------------------------------------------------------------
 
@@ -600,7 +777,11 @@ class StepPlan:
             if draft.hidden is not None:
                 start_of[name] = draft.start_layer
         for i, d in enumerate(self.choice):
-            start = start_of.get(d.name, 0) if d is not None and i in self.members.get(d.name, []) else 0
+            start = (
+                start_of.get(d.name, 0)
+                if d is not None and i in self.members.get(d.name, [])
+                else 0
+            )
             groups.setdefault(start, []).append(i)
         for start, idx in sorted(groups.items()):
             yield self._segment(idx, start)

@@ -21,7 +21,6 @@ class RequestMetrics:
     phases: dict[str, float] = field(
         default_factory=lambda: {"draft_s": 0.0, "verify_s": 0.0, "accept_s": 0.0, "cache_s": 0.0}
     )
-    profiled: bool = True
     t_start: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
     t_end: float | None = None
@@ -58,7 +57,7 @@ class RequestMetrics:
         first = self.t_first or end
         total = end - self.t_start
         decode = end - first
-        phases = {k: (round(v, 6) if self.profiled else None) for k, v in self.phases.items()}
+        phases = {k: round(v, 6) for k, v in self.phases.items()}
         return {
             "ttft_s": round(first - self.t_start, 6),
             "decode_tokens_per_s": (generated - 1) / decode

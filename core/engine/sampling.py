@@ -72,7 +72,9 @@ def position_uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """(M,) float32 in [0, 1): the uniform that samples token `positions[m]` of the request
     seeded `seeds[m]` (a counter hash, so it depends on nothing else)."""
     with np.errstate(over="ignore"):
-        x = seeds.astype(np.uint32) ^ _lowbias32(positions.astype(np.uint32) * np.uint32(0x9E3779B9))
+        x = seeds.astype(np.uint32) ^ _lowbias32(
+            positions.astype(np.uint32) * np.uint32(0x9E3779B9)
+        )
         x = _lowbias32(x)
     # 24 bits: exact in float32, and u * 2^32 (the race's seed) is an exact uint32.
     return ((x >> np.uint32(8)).astype(np.float64) * 2.0**-24).astype(np.float32)

@@ -104,8 +104,13 @@ class _Plan:
     mask: mx.array  # (R, 1, W, width) bool
 
 
+LONG = 16  # query counts above this (prompt chunks) are padded like the key reads
+
+
 def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
     R, w = len(seg.rows), max(seg.sizes)
+    if cache.pad > 1 and w > LONG:  # CUDA: a few query counts, not one per prompt length
+        w = -(-w // cache.pad) * cache.pad
     lengths = cache.lengths[seg.rows]  # (R,)
     ends = lengths + np.asarray(seg.sizes)
     width = cache.read_width(int(ends.max()))
@@ -132,7 +137,7 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
         lo = int(lengths[i])
         span = min(w, width - lo)  # padded nodes past the row's own end are never keys
         mask[i, :, lo : lo + span] |= anc[i, :, :span]
-    ragged = any(s != w for s in seg.sizes)
+    ragged = any(s != w for s in seg.sizes)  # (padded queries read a copy of the last token)
     if ragged:
         starts = np.concatenate([[0], np.cumsum(seg.sizes)[:-1]])
         unpack = np.concatenate(
@@ -170,8 +175,8 @@ def _attention(attn: nn.Module, x: mx.array, plans: list[_Plan], cache, layer: i
     v = attn.v_proj(x).reshape(N, attn.n_kv_heads, -1)
     if hasattr(attn, "q_norm"):  # qwen3
         q, k = attn.q_norm(q), attn.k_norm(k)
-    positions = plans[0].positions if len(plans) == 1 else mx.concatenate(
-        [p.positions for p in plans]
+    positions = (
+        plans[0].positions if len(plans) == 1 else mx.concatenate([p.positions for p in plans])
     )
     q, k = _rope(attn.rope, q, positions), _rope(attn.rope, k, positions)
     outs = []
@@ -226,7 +231,9 @@ def forward(
                 if x is None:
                     ids = p.seg.ids
                     if ids is None:
-                        ids = mx.array(np.concatenate([np.asarray(t, np.int32) for t in p.seg.tokens]))
+                        ids = mx.array(
+                            np.concatenate([np.asarray(t, np.int32) for t in p.seg.tokens])
+                        )
                     x = model.model.embed_tokens(ids)
                 h = x if h is None else mx.concatenate([h, x])
         live = [p for p in ordered if p.seg.start_layer <= i]

@@ -49,6 +49,8 @@ class Sequence:
     state: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(drafter=""))
+    isolate: bool = False  # runs alone: no other row shares its steps
+    on_admit: Any = None  # called when the row joins the batch
     t_submit: float = field(default_factory=time.perf_counter)
     t_admit: float | None = None
     batch_rows: int = 0  # sum over its decode steps of the rows in the step (for the mean)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -330,12 +330,32 @@ def release_items(session: Session, item_ids: Iterable[int], worker: str) -> lis
     return sorted(released)
 
 
+def _gone(session: Session, now: datetime, owner_dead: OwnerDead | None, only=()):
+    """The condition for leased open items whose worker is gone: the lease expired, or its
+    owner is a process of this host that no longer runs (`owner_dead`)."""
+    expired = Item.lease_expires_at < now
+    if owner_dead is None:
+        return expired
+    owners = session.scalars(
+        select(Item.lease_owner)
+        .where(Item.status.in_(("pending", "running")), Item.lease_owner.is_not(None), *only)
+        .distinct()
+    ).all()
+    dead = [o for o in owners if owner_dead(o)]
+    return or_(expired, Item.lease_owner.in_(dead)) if dead else expired
+
+
 def expired_items(
-    session: Session, now: datetime | None = None, job_id: str | None = None
+    session: Session,
+    now: datetime | None = None,
+    job_id: str | None = None,
+    owner_dead: OwnerDead | None = None,
 ) -> list[tuple[str, int]]:
-    """(job_id, item_id) of open items of service jobs (or of `job_id`) whose lease expired."""
+    """(job_id, item_id) of open items of service jobs (or of `job_id`) whose lease expired
+    (or, with `owner_dead`, whose owner is known dead)."""
     now = now or utcnow()
     only = () if job_id is None else (Item.job_id == job_id,)
+    gone = _gone(session, now, owner_dead, only)
     return [
         (job_id, item_id)
         for job_id, item_id in session.execute(
@@ -344,7 +364,7 @@ def expired_items(
             .where(
                 Item.status.in_(("pending", "running")),
                 Item.lease_owner.is_not(None),
-                Item.lease_expires_at < now,
+                gone,
                 Job.mode == "service",
                 *only,
             )
@@ -353,8 +373,11 @@ def expired_items(
     ]
 
 
-def reap_expired(session: Session, now: datetime | None = None) -> dict[str, list[int]]:
-    """Take back the items whose worker stopped beating; commits.
+def reap_expired(
+    session: Session, now: datetime | None = None, owner_dead: OwnerDead | None = None
+) -> dict[str, list[int]]:
+    """Take back the items whose worker stopped beating (or, with `owner_dead`, whose worker
+    process of this host is gone: a pool process killed outright); commits.
 
     Items of a cancelling job are cancelled (so the job ends `cancelled`); the others become
     pending without a lease. The update is conditional, so when several sweepers run at
@@ -364,7 +387,8 @@ def reap_expired(session: Session, now: datetime | None = None) -> dict[str, lis
         job id -> the item ids to enqueue again.
     """
     now = now or utcnow()
-    expired = expired_items(session, now)
+    gone = _gone(session, now, owner_dead)
+    expired = expired_items(session, now, owner_dead=owner_dead)
     by_job: dict[str, list[int]] = {}
     for job_id, item_id in expired:
         by_job.setdefault(job_id, []).append(item_id)
@@ -375,7 +399,7 @@ def reap_expired(session: Session, now: datetime | None = None) -> dict[str, lis
             Item.id.in_(ids),
             Item.status.in_(("pending", "running")),
             Item.lease_owner.is_not(None),
-            Item.lease_expires_at < now,
+            gone,
         )
         if status in ("cancelling", "cancelled"):
             session.execute(
@@ -461,6 +485,35 @@ def fail_item(session: Session, item_id: int, code: str, message: str) -> None:
         session.rollback()
         return
     _close(item, "failed", code, message)
+    session.flush()
+    refresh_job(session, item.job_id)
+    session.commit()
+
+
+def cancelled_items(session: Session, item_ids: Iterable[int]) -> set[int]:
+    """Of `item_ids`, those whose job is cancelling or cancelled (a worker drops them)."""
+    ids = list(item_ids)
+    out: set[int] = set()
+    for i in range(0, len(ids), 500):
+        out |= set(
+            session.scalars(
+                select(Item.id)
+                .join(Job, Job.id == Item.job_id)
+                .where(Item.id.in_(ids[i : i + 500]), Job.status.in_(("cancelling", "cancelled")))
+            )
+        )
+    session.rollback()
+    return out
+
+
+def cancel_item(session: Session, item_id: int) -> None:
+    """Close an unfinished item of a cancelled job that its worker dropped before running
+    it; commits (the job may now end `cancelled`)."""
+    item = session.get(Item, item_id)
+    if item is None or item.status in ITEM_DONE:
+        session.rollback()
+        return
+    _close(item, "cancelled", "cancelled", f"line {item.line}: the job was cancelled")
     session.flush()
     refresh_job(session, item.job_id)
     session.commit()

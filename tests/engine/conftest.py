@@ -1,6 +1,6 @@
 import pytest
 
-from core.engine import CostCurve, LoadedModel
+from core.engine import CostSurface, LoadedModel
 from core.engine.tiny import byte_tokenizer, tiny_model
 
 
@@ -25,4 +25,4 @@ def make_tiny(tokenizer):
 
 @pytest.fixture
 def flat_cost():
-    return CostCurve.flat()
+    return CostSurface.flat()

@@ -1,46 +1,12 @@
-"""The acceptance routine on hand-made logits: greedy tables and sampled distributions."""
+"""The acceptance rule on hand-made choices (the walk), and the target's own token choice
+(greedy argmax, seeded sampling by position) on hand-made logits."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.engine.acceptance import accept_greedy, accept_sampled
-from core.engine.sampling import GenerationParams, KeyStream, log_target
-
-
-def onehot_logits(rows, V=6):
-    """(B, K+1, V) logits whose argmax per position is given by rows."""
-    x = np.full((len(rows), len(rows[0]), V), -5.0, np.float32)
-    for b, r in enumerate(rows):
-        for i, t in enumerate(r):
-            x[b, i, t] = 5.0
-    return mx.array(x)
-
-
-@pytest.mark.parametrize(
-    "argmax, draft, n, nxt",
-    [
-        ([1, 2, 3, 4], [1, 2, 3], 3, 4),  # full acceptance, bonus token
-        ([1, 2, 3, 4], [5, 2, 3], 0, 1),  # first token rejected: the target's own choice
-        ([1, 2, 3, 4], [1, 5, 3], 1, 2),  # stops at the first mismatch, later matches ignored
-        ([1, 2, 3, 4], [1, 2, 0], 2, 3),
-        ([3], [], 0, 3),  # no draft: a plain step
-    ],
-)
-def test_greedy_table(argmax, draft, n, nxt):
-    logits = onehot_logits([argmax])
-    tokens = mx.array([draft], mx.int32).reshape(1, len(draft))
-    got_n, got_next = accept_greedy(logits, tokens)
-    assert got_n.tolist() == [n]
-    assert got_next.tolist() == [nxt]
-
-
-def test_greedy_rows_accept_independently():
-    logits = onehot_logits([[1, 2, 3], [1, 2, 3], [4, 4, 4]])
-    tokens = mx.array([[1, 2], [1, 0], [1, 2]], mx.int32)
-    n, nxt = accept_greedy(logits, tokens)
-    assert n.tolist() == [2, 1, 0]
-    assert nxt.tolist() == [3, 2, 4]
+from core.engine.acceptance import walk
+from core.engine.sampling import GenerationParams, choose, log_target, position_uniforms
 
 
 def chi_square_ok(counts, probs, n, alpha_z=5.0):
@@ -57,45 +23,80 @@ def chi_square_ok(counts, probs, n, alpha_z=5.0):
     return stat, dof + alpha_z * np.sqrt(2 * dof)
 
 
-@pytest.mark.parametrize("with_q", [False, True])
-def test_sampled_first_token_matches_target(with_q):
-    """Many rows of one problem: the first emitted token is distributed exactly as p[0]."""
-    V, K, B = 8, 3, 20000
-    rng = np.random.default_rng(0)
-    p_logits = rng.normal(size=(1, K + 1, V)).astype(np.float32) * 1.5
-    logp = log_target(mx.array(p_logits), GenerationParams(temperature=1.0))
-    logp = mx.broadcast_to(logp, (B, K + 1, V))
-    keys = KeyStream(123)
-    if with_q:
-        q = rng.dirichlet(np.ones(V), size=(K,)).astype(np.float32)  # (K, V)
-        toks = np.stack([rng.choice(V, size=B, p=q[i] / q[i].sum()) for i in range(K)], 1)
-        draft_probs = mx.broadcast_to(mx.array(q)[None], (B, K, V))
-    else:
-        toks = np.tile(np.array([[2, 5, 1]]), (B, 1))  # a fixed deterministic draft
-        draft_probs = None
-    tokens = mx.array(toks.astype(np.int32))
-    n, nxt = accept_sampled(logp, tokens, draft_probs, keys)
-    n, nxt = np.array(n), np.array(nxt)
-    first = np.where(n > 0, toks[:, 0], nxt)
-    counts = np.bincount(first, minlength=V).astype(float)
-    p0 = np.exp(np.array(logp[0, 0]))
-    stat, bound = chi_square_ok(counts, p0, B)
-    assert stat < bound, (stat, bound, counts / B, p0)
-    # and the second token, given a first-token acceptance, follows p[1]
-    second = np.where(n > 1, toks[:, 1], nxt)[n >= 1]
-    counts2 = np.bincount(second, minlength=V).astype(float)
-    p1 = np.exp(np.array(logp[0, 1]))
-    stat2, bound2 = chi_square_ok(counts2, p1, len(second))
-    assert stat2 < bound2, (stat2, bound2)
+@pytest.mark.parametrize(
+    "tokens, choice, path, nxt",
+    [
+        ([5, 6, 7], [5, 6, 7, 8], [0, 1, 2], 8),  # all accepted + bonus
+        ([5, 6, 7], [5, 9, 7, 8], [0], 9),  # second rejected: the target's token instead
+        ([5, 6, 7], [4, 6, 7, 8], [], 4),  # first rejected
+        ([], [3], [], 3),  # no draft: a plain step
+    ],
+)
+def test_chain_walk(tokens, choice, path, nxt):
+    assert walk(tokens, None, choice) == (path, nxt)
 
 
-def test_sampled_rejects_tokens_outside_top_k():
-    """A draft token the target's top-k removed is never accepted."""
-    V = 6
-    logits = mx.array(np.array([[[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]], np.float32))
-    params = GenerationParams(temperature=1.0, top_k=2)
-    logp = mx.broadcast_to(log_target(logits, params), (500, 2, V))
-    tokens = mx.zeros((500, 1), mx.int32)  # token 0 is outside the top 2
-    n, nxt = accept_sampled(logp, tokens, None, KeyStream(0))
-    assert np.array(n).max() == 0
-    assert set(np.array(nxt).tolist()) <= {4, 5}
+def test_tree_walk_follows_the_matching_child():
+    #            root
+    #          /   |   \
+    #        0:5  1:6  2:7
+    #        |          |
+    #       3:8        4:9
+    tokens, parents = [5, 6, 7, 8, 9], [-1, -1, -1, 0, 2]
+    # the target wants 7 after the root, then 9 after node 2, then 1 after node 4
+    choice = [7, 0, 0, 9, 0, 1]  # per node: root, then nodes 0..4
+    assert walk(tokens, parents, choice) == ([2, 4], 1)
+    # wants 5 then something else than 8: one node
+    assert walk(tokens, parents, [5, 2, 0, 0, 0, 0]) == ([0], 2)
+    # wants a token no child has
+    assert walk(tokens, parents, [3, 0, 0, 0, 0, 0]) == ([], 3)
+
+
+def test_greedy_choice_is_the_argmax():
+    logits = mx.array(np.random.default_rng(0).normal(size=(7, 50)).astype(np.float32))
+    got = choose(logits, [GenerationParams()] * 7, np.zeros(7, np.uint32), np.arange(7))
+    assert got.tolist() == mx.argmax(logits, axis=-1).tolist()
+
+
+def test_a_sampled_choice_depends_on_seed_and_position_only():
+    logits = mx.array(np.random.default_rng(1).normal(size=(1, 30)).astype(np.float32))
+    p = GenerationParams(temperature=1.0)
+    one = lambda seed, pos: choose(logits, [p], np.array([seed], np.uint32), np.array([pos])).item()  # noqa: E731
+    assert one(3, 10) == one(3, 10)
+    assert len({one(3, pos) for pos in range(40)}) > 5  # positions draw afresh
+    # in a batch beside other rows, with other parameters, the row draws the same token
+    batch = mx.concatenate([logits, logits * 2, logits])
+    params = [p, GenerationParams(), GenerationParams(temperature=0.5, top_k=3)]
+    got = choose(batch, params, np.array([3, 3, 9], np.uint32), np.array([10, 10, 10]))
+    assert got[0].item() == one(3, 10)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        GenerationParams(temperature=1.0),
+        GenerationParams(temperature=0.7, top_k=4),
+        GenerationParams(temperature=1.3, top_p=0.8),
+    ],
+)
+def test_sampled_choices_follow_the_target_distribution(params):
+    """20,000 positions of one seed: the chosen tokens are distributed as the target
+    (temperature, top-k and top-p applied), chi-square."""
+    V, n = 12, 20000
+    logits = mx.array(np.random.default_rng(2).normal(size=(1, V)).astype(np.float32) * 1.5)
+    target = np.exp(np.array(log_target(logits, params)))[0]
+    rows = mx.broadcast_to(logits, (n, V))
+    got = choose(rows, [params] * n, np.full(n, 12345, np.uint32), np.arange(n)).tolist()
+    counts = np.bincount(got, minlength=V)
+    assert counts[target == 0].sum() == 0  # filtered tokens are never drawn
+    stat, bound = chi_square_ok(counts.astype(float), target, n)
+    assert stat < bound, (stat, bound)
+
+
+def test_position_uniforms_are_uniform_and_24_bit():
+    u = position_uniforms(np.full(50000, 7, np.uint32), np.arange(50000))
+    assert u.min() >= 0.0 and u.max() < 1.0
+    assert np.all((u * 2**24) == np.floor(u * 2**24))  # exact in float32, u * 2^32 an integer
+    counts = np.histogram(u, 10, range=(0, 1))[0].astype(float)
+    stat, bound = chi_square_ok(counts, np.full(10, 0.1), 50000)
+    assert stat < bound

@@ -1,44 +1,78 @@
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from api.cli import cli
-from core.engine.benchmark import format_table, load_prompts, run_bench
+from core.engine import CostSurface
+from core.engine.benchmark import JobFileError, format_table, load_job, run_bench
 from core.engine.tiny import load_tiny
 
+JOB = [
+    {
+        "custom_id": f"r{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "category": "labeling",
+        "body": {
+            "model": "x",
+            "messages": [{"role": "user", "content": f"Copy: item {i} is red. Again:"}],
+            "max_tokens": 10 + i,
+        },
+    }
+    for i in range(5)
+]
 
-def test_bench_rows_on_tiny_models():
-    target, draft = load_tiny("tiny-random:0"), load_tiny("tiny-random:0")
-    res = run_bench(
-        target,
-        load_prompts()[:3],
-        ["ngram", "early-exit:2/2", "draft-model:same"],
-        max_tokens=12,
-        draft_model=draft,
-        mlx_lm_draft_tokens=(2,),
-    )
+
+@pytest.fixture
+def job(tmp_path):
+    path = tmp_path / "job.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in JOB) + "\n")
+    return path
+
+
+def test_bench_rows_on_a_job_file(job, monkeypatch):
+    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
+    target = load_tiny("tiny-random:0")
+    items = load_job(target, job, None)
+    assert [it.max_tokens for it in items] == [10, 11, 12, 13, 14]
+    res = run_bench(target, items, mlx_lm_batches=[2, 4], our_batches=[2, 4])
     rows = {r["name"]: r for r in res["rows"]}
     assert {
-        "mlx_lm",
-        "mlx_lm_speculative_k2",
-        "ours_none",
-        "ours_ngram",
-        "ours_early-exit:2/2",
-        "ours_draft-model:same",
-        "ours_best",
-        "mlx_lm_speculative",
+        "mlx_lm_single",
+        "mlx_lm_batch_2",
+        "mlx_lm_batch_4",
+        "mlx_lm_batch",
+        "ours_single",
+        "ours_single_spec",
+        "ours_batched_2",
+        "ours_batched_4",
+        "ours_batched",
+        "ours_batched_spec_2",
+        "ours_batched_spec_4",
+        "ours_batched_spec",
     } <= set(rows)
-    # greedy everywhere: every configuration reproduces mlx-lm's tokens
-    assert all(r["identical_to_mlx_lm"] for r in rows.values())
-    assert rows["mlx_lm"]["ratio_vs_mlx_lm"] == 1.0
-    # a draft model identical to the target is always accepted
-    assert rows["ours_draft-model:same"]["acceptance_rate"] == 1.0
-    assert set(res["verify_cost_ms"]) == {1, 2, 4, 8, 16}
-    assert "labeling" in res["by_category"]
-    assert "ours_ngram" in format_table(res)
+    # greedy everywhere, float32 tiny model: every row reproduces plain single-row greedy
+    assert all(r["identical_rows"] == 5 and r["identical_to_mlx_lm"] for r in rows.values())
+    best = max(rows["mlx_lm_batch_2"]["tokens_per_s"], rows["mlx_lm_batch_4"]["tokens_per_s"])
+    assert rows["mlx_lm_batch"]["tokens_per_s"] == best
+    assert rows["mlx_lm_batch"]["ratio_vs_mlx_lm"] == 1.0
+    assert rows["ours_batched_spec"]["drafters"]  # steps by drafter
+    assert "ours_batched_spec" in format_table(res)
 
 
-def test_bench_cli_json(tmp_path):
+def test_a_bench_file_that_is_not_a_job_is_one_clear_error(tmp_path):
+    target = load_tiny("tiny-random:0")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"custom_id": "a", "method": "POST"}\nnot json\n')
+    with pytest.raises(JobFileError, match="line 2"):
+        load_job(target, bad, None)
+    r = CliRunner().invoke(cli, ["bench", "--model", "tiny-random", "--input", str(bad)])
+    assert r.exit_code == 1 and "line 2" in r.output and "Traceback" not in r.output
+
+
+def test_bench_cli_json(job, tmp_path, monkeypatch):
+    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
     out = tmp_path / "b.json"
     r = CliRunner().invoke(
         cli,
@@ -46,10 +80,18 @@ def test_bench_cli_json(tmp_path):
             "bench",
             "--model",
             "tiny-random",
+            "--input",
+            str(job),
             "--max-tokens",
             "6",
-            "--drafters",
-            "ngram",
+            "--batch-sizes",
+            "2",
+            "--our-batch-sizes",
+            "2",
+            "--rows",
+            "mlx_lm,ours_batched_spec",
+            "--reference",
+            "ours_single",
             "--json",
             "-o",
             str(out),
@@ -57,10 +99,13 @@ def test_bench_cli_json(tmp_path):
     )
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
-    assert [row["name"] for row in data["rows"]][:3] == ["mlx_lm", "ours_none", "ours_ngram"]
-
-
-def test_bench_cli_bad_drafter():
-    r = CliRunner().invoke(cli, ["bench", "--model", "tiny-random", "--drafters", "bogus"])
-    assert r.exit_code != 0
-    assert "unknown drafter" in r.output and "Traceback" not in r.output
+    names = [row["name"] for row in data["rows"]]
+    assert {"mlx_lm_batch", "ours_batched_spec", "ours_single"} <= set(names)
+    for row in data["rows"]:
+        assert {
+            "name",
+            "batch_size",
+            "tokens_per_s",
+            "ratio_vs_mlx_lm",
+            "identical_to_mlx_lm",
+        } <= set(row)

@@ -1,17 +1,31 @@
+"""Per-position acceptance statistics, and the batch-wide choice of each row's draft length
+from them and the machine's cost surface."""
+
+import numpy as np
 import pytest
 
-from core.engine.costs import CostCurve
+from core.engine.costs import CostSurface
 from core.engine.draft_length import (
     CARRY_WEIGHT,
     PROBE_EVERY,
     WARMUP,
     AcceptanceStats,
-    AdaptiveK,
-    best_k,
+    Offer,
+    RowPolicy,
+    allocate,
     expected_tokens,
 )
 
-CPU = CostCurve((1, 2, 4, 8, 16), (60.0, 70.0, 85.0, 105.0, 110.0))  # shape seen on a CPU
+BATCHES, WIDTHS = (1, 8, 64), (1, 2, 4, 8)
+# Shapes seen on the 2-core CPU: width nearly free at batch 1, linear in tokens at 64.
+CPU = CostSurface(
+    BATCHES, WIDTHS, ((90, 100, 130, 200), (140, 250, 460, 840), (600, 1200, 2400, 4800))
+)
+FLAT = CostSurface.flat()
+
+
+def chain(rate, n=8):
+    return Offer(np.cumprod([rate] * n))
 
 
 def test_expected_tokens():
@@ -20,83 +34,34 @@ def test_expected_tokens():
     assert expected_tokens(2, 0.5) == pytest.approx(1.75)
 
 
-def test_best_k_grows_with_acceptance_and_stops_below_break_even():
-    ks = [best_k(a, CPU) for a in (0.05, 0.3, 0.6, 0.9)]
-    assert ks[0] == 0  # 5% acceptance never pays for a wider verify
-    assert ks == sorted(ks) and ks[-1] > ks[1]
-    assert best_k(0.9, CostCurve.flat()) == 16  # free width: draft as much as allowed
+def test_free_width_drafts_every_offered_token():
+    assert allocate([chain(0.3, 5), chain(0.9, 3)], FLAT) == [5, 3]
 
 
-def test_draft_cost_lowers_k():
-    assert best_k(0.7, CPU, draft_cost=0.4) < best_k(0.7, CPU)
+def test_drafting_stops_where_it_does_not_pay():
+    # at batch 64 one more token per row costs one more plain step: 0.9 does not pay it
+    assert allocate([chain(0.9)] * 64, CPU) == [0] * 64
+    # alone, a wider verify is nearly free: a good row drafts, a bad one less or not at all
+    good, bad = allocate([chain(0.9)], CPU), allocate([chain(0.05)], CPU)
+    assert good[0] >= 4 and bad[0] == 0
 
 
-def warmed(prior, cost=CPU, **kw) -> AdaptiveK:
-    """A policy past its warm-up, on fresh statistics with `prior`."""
-    pol = AdaptiveK(cost, AcceptanceStats(prior), **kw)
-    pol.carried.updates = pol.stats.updates = WARMUP
-    return pol
+def test_rows_with_better_drafts_get_more_tokens():
+    ks = allocate([chain(0.95), chain(0.6), chain(0.2), Offer(np.zeros(0))], CPU)
+    assert ks[0] >= ks[1] >= ks[2] and ks[3] == 0
+    assert ks[0] > ks[2]
 
 
-def test_warm_up_drafts_k_init_even_under_a_pessimistic_prior():
-    pol = AdaptiveK(CPU, AcceptanceStats((0.05,)), k_init=3)
-    ks = []
-    for _ in range(WARMUP + 1):
-        ks.append(pol.next())
-        pol.update(ks[-1], 0)
-    assert ks[:WARMUP] == [3] * WARMUP and ks[WARMUP] == 0
+def test_forced_tokens_are_drafted_whatever_the_cost():
+    ks = allocate([Offer(np.cumprod([0.01] * 4), forced=3)] * 8, CPU)
+    assert ks == [3] * 8
 
 
-def test_adaptive_grows_on_full_acceptance_and_shrinks_on_rejection():
-    pol = warmed((0.6,))
-    k0 = pol.next()
-    assert k0 > 0
-    for _ in range(6):
-        k = pol.next()
-        pol.update(k, k)
-    grown = pol.next()
-    assert grown > k0
-    for _ in range(6):
-        pol.update(pol.next() or 1, 0)
-    assert pol.next() < grown
-
-
-def test_stats_count_each_position_given_the_earlier_ones():
-    st = AcceptanceStats((0.5,), weight=2.0, k_max=4)
-    st.observe(4, 1)  # token 1 accepted, token 2 rejected, tokens 3-4 never tested
-    assert st.tries == [3.0, 3.0, 2.0, 2.0]
-    assert st.hits == [2.0, 1.0, 1.0, 1.0]
-    st.observe(2, 2)  # both accepted (the bonus token is not a draft position)
-    assert st.tries[:3] == [4.0, 4.0, 2.0] and st.hits[:2] == [3.0, 2.0]
-    assert st.expected()[:3] == pytest.approx([1.0, 1.75, 1.75 + 0.75 * 0.5])
-
-
-def test_copy_like_acceptance_drafts_longer_than_one_rate_would():
-    # Copies: first token 50/50, then nearly always right. One overall rate (what a
-    # geometric model sees) undersells long drafts; per-position rates do not.
-    pol = warmed((0.5, 0.95))
-    overall = (0.5 + 0.95) / 2
-    assert pol.next() > best_k(overall, CPU)
-
-
-def test_adaptive_stops_drafting_then_probes():
-    pol = warmed((0.6,))
-    for _ in range(20):
-        pol.update(pol.next() or 1, 0)
-    ks = [pol.next() for _ in range(2 * PROBE_EVERY)]
-    assert ks.count(0) == 2 * PROBE_EVERY - 2 and ks.count(1) == 2
-
-
-def test_requests_start_from_the_carried_rates_as_a_light_prior():
-    carried = AcceptanceStats((0.5,))
-    first = AdaptiveK(CPU, carried)
-    for _ in range(30):
-        first.update(4, 4)  # a copy task: everything accepted
-    second = AdaptiveK(CPU, carried)
-    assert second.stats is not carried
-    assert second.stats.rate(0) == pytest.approx(carried.rate(0))
-    assert second.stats.tries[0] == CARRY_WEIGHT  # its own evidence soon outweighs it
-    assert second.next() > AdaptiveK(CPU, AcceptanceStats((0.5,))).cap
+def test_a_model_drafters_steps_cost_time():
+    offers = [Offer(np.cumprod([0.8] * 8), group="model")] * 8
+    free = allocate(offers, FLAT, {"model": 0.0})
+    costly = allocate(offers, FLAT, {"model": 0.5})
+    assert sum(free) > sum(costly)
 
 
 def test_old_observations_fade():
@@ -109,38 +74,37 @@ def test_old_observations_fade():
     assert st.rate(0) < 0.5  # recent rejections dominate 100 older acceptances
 
 
-def test_cost_curve_interpolates_and_extrapolates():
-    c = CostCurve((1, 2, 4), (10.0, 12.0, 16.0))
-    assert c(1) == 10.0 and c(3) == 14.0 and c(6) == 20.0
-    assert c.relative(4) == 1.6
+def test_positions_are_measured_separately():
+    st = AcceptanceStats((0.5,), weight=1.0)
+    for _ in range(50):
+        st.observe(4, 4 if _ % 2 else 0)  # half the drafts fail at once, half copy through
+    assert st.rate(0) == pytest.approx(0.5, abs=0.05)
+    assert st.rate(1) > 0.9  # once the first token holds, the copy holds
+    gains = st.gains(4)
+    assert list(gains) == sorted(gains, reverse=True)
 
 
-def test_measured_curve_is_positive_and_non_decreasing(make_tiny):
-    from core.engine.costs import measure_verify_curve
-
-    c = measure_verify_curve(make_tiny(0).model, widths=(1, 2, 4), context=8, repeats=2)
-    assert c.widths == (1, 2, 4)
-    assert all(m > 0 for m in c.ms)
-    assert list(c.ms) == sorted(c.ms)
-
-
-def test_a_fully_accepted_draft_is_followed_by_a_deeper_one():
-    pol = AdaptiveK(CPU)
-    pol.stats = pol.carried = AcceptanceStats((0.5, 0.6), weight=1e4)  # one step: no change
-    pol.stats.updates = WARMUP
-    k = pol.next()
-    pol.update(k, k)
-    assert pol.cap == k and pol.next() == k + 1  # position k + 1 gets measured anyway
-    pol.update(k + 1, 1)
-    assert pol.next() == k  # a rejection ends the growth
+def test_a_row_starts_from_the_carried_rates_lightly():
+    carried = AcceptanceStats((0.5,))
+    for _ in range(40):
+        carried.observe(3, 3)
+    row = RowPolicy(carried)
+    assert row.stats.rate(0) == pytest.approx(carried.rate(0))
+    assert row.stats.tries[0] == CARRY_WEIGHT
+    row.observe(3, 0)  # the row's own evidence moves it at once
+    assert row.stats.rate(0) < carried.rate(0) - 0.2
+    assert not row.warming()  # the carried statistics were past their warm-up
 
 
-def test_accepted_probes_do_not_grow_a_draft_that_does_not_pay():
-    # A draft model as slow per token as the target (an H200 at batch 1): even perfect
-    # acceptance cannot pay for drafting, so accepted probes must not escalate k.
-    pol = warmed((0.95,), cost=CostCurve.flat(), draft_cost=1.2)
-    ks = []
-    for _ in range(4 * PROBE_EVERY):
-        ks.append(pol.next())
-        pol.update(ks[-1], ks[-1])
-    assert max(ks) == 1 and ks.count(1) == 4
+def test_probes_come_due_when_a_drafter_stays_idle():
+    row = RowPolicy(AcceptanceStats((0.05,)))
+    assert row.warming()
+    for _ in range(WARMUP):
+        row.observe(4, 0)
+    assert not row.warming()
+    for _ in range(PROBE_EVERY):
+        assert not row.probe_due()
+        row.observe(0, 0)
+    assert row.probe_due()
+    row.observe(1, 0)
+    assert not row.probe_due()

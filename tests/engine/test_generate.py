@@ -1,98 +1,130 @@
-"""Speculative decoding is lossless: greedy output is token-identical to plain greedy decoding
-for every drafter, and sampled output follows the target distribution."""
+"""Speculative decoding in a batch is lossless: every row's greedy output equals plain greedy
+decoding of that row alone, for every drafter, whatever shares the batch; seeded sampling
+equals plain seeded sampling token for token, and follows the target distribution."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from core.engine import Engine, GenerationParams, LoadedModel
-from core.engine.forward import forward, make_cache, trim
+from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
 from core.engine.tiny import tiny_model
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
     "Label: positive. Text: I loved it. Label: negative. Text: awful. Label:",
     "def add(a, b):\n    return a + b\n\ndef add(",
+    "1, 2, 3, 1, 2, 3, 1, 2,",
+    "Copy: the red car. Again: the red",
 ]
 DRAFTERS = [
     "ngram",
+    "tree",
     "early-exit:1",
     "early-exit:3",
     "auto",
     "draft-model:same",
     "draft-model:other",
 ]
+FLAT = CostSurface.flat()
 
 
-def engine_for(target, drafter, make_tiny, cost, k=None):
-    kw = {}
+def engine(target, drafter, make_tiny, k=None, batch=4, **kw):
     if drafter.startswith("draft-model"):
         kw["draft_model"] = target if drafter.endswith("same") else make_tiny(99)
-    return Engine(target, draft=drafter, k=k, cost=cost, **kw)
+        kw.setdefault("draft_cost", 0.1)
+    if drafter == "auto":
+        kw.setdefault("draft_model", make_tiny(99))
+        kw.setdefault("draft_cost", 0.1)
+    return Engine(target, draft=drafter, k=k, surface=FLAT, batch_size=batch, **kw)
 
 
-@pytest.mark.parametrize("seed", range(4))
+def plain(target, prompt, params):
+    """Plain decoding of one row alone, through our engine at batch 1."""
+    return Engine(target, draft="none", surface=FLAT, batch_size=1).generate(prompt, params).tokens
+
+
+@pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("drafter", DRAFTERS)
-def test_greedy_speculative_equals_plain(seed, drafter, make_tiny, flat_cost):
+def test_batched_speculative_greedy_equals_each_row_alone(seed, drafter, make_tiny):
+    """Ragged prompts, rows finishing at different times (max_tokens 12..48), rows joining
+    mid-run (5 requests, 3 rows), adaptive and fixed k."""
     target = make_tiny(seed, tie_word_embeddings=seed % 2 == 0)
-    plain = Engine(target, draft="none", cost=flat_cost)
-    for i, text in enumerate(PROMPTS):
-        prompt = target.encode_prompt(text)
-        params = GenerationParams(max_tokens=48)
-        want = plain.generate(prompt, params)
-        for k in (None, 1 + (seed + i) % 5):
-            got = engine_for(target, drafter, make_tiny, flat_cost, k).generate(prompt, params)
-            assert got.tokens == want.tokens, (drafter, k, text)
-            assert got.finish_reason == want.finish_reason
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=12 + 9 * i))
+        for i, p in enumerate(PROMPTS)
+    ]
+    want = [plain(target, p, params) for p, params in reqs]
+    for k in (None, 1 + seed % 4):
+        got = engine(target, drafter, make_tiny, k=k, batch=3).generate_many(reqs)
+        assert [r.tokens for r in got] == want, (drafter, k)
 
 
 def test_plain_greedy_equals_mlx_lm(make_tiny):
     target = make_tiny(1)
-    prompt = target.encode_prompt(PROMPTS[1])
-    ours = Engine(target, draft="none").generate(prompt, GenerationParams(max_tokens=40))
-    theirs = [int(t) for t, _ in generate_step(mx.array(prompt), target.model, max_tokens=40)]
-    # mlx-lm does not stop at EOS inside generate_step; compare up to our stop point.
-    assert ours.tokens == theirs[: len(ours.tokens)]
-    assert len(ours.tokens) == 40 or theirs[len(ours.tokens)] in target.eos_token_ids
+    for text in PROMPTS[:2]:
+        prompt = target.encode_prompt(text)
+        ours = plain(target, prompt, GenerationParams(max_tokens=40))
+        theirs = [int(t) for t, _ in generate_step(mx.array(prompt), target.model, max_tokens=40)]
+        # mlx-lm does not stop at EOS inside generate_step; compare up to our stop point.
+        assert ours == theirs[: len(ours)]
+        assert len(ours) == 40 or theirs[len(ours)] in target.eos_token_ids
 
 
-def test_metrics_are_consistent(make_tiny, flat_cost):
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_plain_batch_equals_rows_alone(pipeline, make_tiny):
     target = make_tiny(2)
-    prompt = target.encode_prompt(PROMPTS[2] * 3)
-    r = Engine(target, draft="ngram", k=4, cost=flat_cost).generate(
-        prompt, GenerationParams(max_tokens=64)
-    )
-    s, t = r.speculative, r.timing
-    assert s["drafter"] == "ngram"
-    assert s["accepted_tokens"] <= s["draft_tokens"]
-    assert sum(s["accepted_per_position"]) == s["accepted_tokens"]
-    assert s["accepted_per_position"] == sorted(s["accepted_per_position"], reverse=True)
-    # every step emits its accepted tokens plus one; the first token comes from the prefill
-    assert s["accepted_tokens"] + s["verify_steps"] >= len(r.tokens) - 1
-    assert s["mean_accepted_length"] >= 1.0
-    for key in ("ttft_s", "draft_s", "verify_s", "accept_s", "cache_s", "total_s"):
-        assert t[key] >= 0.0
-    assert t["total_s"] >= t["ttft_s"]
-    assert t["peak_memory_bytes"] > 0
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=5 + 7 * i))
+        for i, p in enumerate(PROMPTS)
+    ]
+    want = [plain(target, p, params) for p, params in reqs]
+    eng = Engine(target, draft="none", surface=FLAT, batch_size=2, pipeline=pipeline)
+    assert [r.tokens for r in eng.generate_many(reqs)] == want
 
 
-def test_seeded_sampling_is_reproducible(make_tiny, flat_cost):
+@pytest.mark.parametrize("drafter", ["none", *DRAFTERS])
+def test_seeded_sampling_is_the_plain_sample_in_any_batch(drafter, make_tiny):
+    """Sampled rows (temperature, top-p, top-k, seeds) and greedy rows mixed in one batch:
+    each row equals plain seeded sampling of that row alone, token for token."""
+    target = make_tiny(3)
+    params = [
+        GenerationParams(max_tokens=30, temperature=0.8, top_p=0.9, seed=7),
+        GenerationParams(max_tokens=30),
+        GenerationParams(max_tokens=25, temperature=1.3, top_k=5, seed=11),
+        GenerationParams(max_tokens=20, temperature=0.6, seed=7),
+    ]
+    reqs = [(target.encode_prompt(p), q) for p, q in zip(PROMPTS, params, strict=False)]
+    want = [plain(target, p, q) for p, q in reqs]
+    got = engine(target, drafter, make_tiny, batch=3).generate_many(reqs)
+    assert [r.tokens for r in got] == want
+
+
+def test_unseeded_rows_differ_between_runs(make_tiny):
     target = make_tiny(3)
     prompt = target.encode_prompt(PROMPTS[0])
-    params = GenerationParams(max_tokens=32, temperature=0.8, top_p=0.9, seed=7)
-    a = Engine(target, draft="auto", cost=flat_cost).generate(prompt, params)
-    b = Engine(target, draft="auto", cost=flat_cost).generate(prompt, params)
-    assert a.tokens == b.tokens
+    params = GenerationParams(max_tokens=24, temperature=1.0)
+    runs = {tuple(plain(target, prompt, params)) for _ in range(4)}
+    assert len(runs) > 1
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "early-exit:2", "draft-model:noisy"])
-def test_sampled_speculation_matches_target_distribution(drafter, tokenizer, flat_cost):
-    """The first three generated tokens' joint distribution matches the target's exact one.
+def _exact_two_tokens(model, prompt, V):
+    """p(t1, t2 | prompt) of a model by enumeration (plain mlx-lm forwards)."""
+    exact = np.zeros((V, V))
+    p1 = mx.softmax(model(mx.array([prompt]))[0, -1]).tolist()
+    for a in range(V):
+        p2 = mx.softmax(model(mx.array([prompt + [a]]))[0, -1]).tolist()
+        exact[a] = np.array(p1[a]) * np.array(p2)
+    return exact
 
-    A 1-layer model with a 6-token vocabulary; the exact target distribution of the first two
-    tokens is computed by enumeration, then 800 seeded runs are compared with a chi-square
-    bound (mean + 5 std: false alarms < 1e-5)."""
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "early-exit:2", "draft-model:noisy", "tree"])
+def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, tokenizer):
+    """Three rows with different prompts share each batch; per row, the joint distribution
+    of its first two tokens over 600 seeds matches the exact target distribution
+    (chi-square bound mean + 5 sd: false alarms < 1e-5)."""
+    from tests.engine.test_acceptance import chi_square_ok
+
     V = 6
     kw = dict(
         vocab_size=V,
@@ -106,37 +138,114 @@ def test_sampled_speculation_matches_target_distribution(drafter, tokenizer, fla
     target = LoadedModel("t", tiny_model(5, **kw), tokenizer, 4096)
     extra = {}
     if drafter == "draft-model:noisy":
-        extra["draft_model"] = LoadedModel("d", tiny_model(6, **kw), tokenizer, 4096)
-    prompt = [1, 2, 3, 4]
-    params = lambda s: GenerationParams(max_tokens=2, temperature=1.0, seed=s)  # noqa: E731
-
-    # exact p(t1, t2 | prompt) by enumeration over the target alone
-    exact = np.zeros((V, V))
-    cache = make_cache(target.model)
-    p1 = mx.softmax(forward(target.model, mx.array([prompt]), cache)[0, -1]).tolist()
-    for a in range(V):
-        p2 = mx.softmax(forward(target.model, mx.array([[a]]), cache)[0, -1]).tolist()
-        trim(cache, 1)
-        exact[a] = np.array(p1[a]) * np.array(p2)
-    eng = Engine(target, draft=drafter, k=3, cost=flat_cost, **extra)
-    counts = np.zeros((V, V))
-    runs = 800
+        extra = {
+            "draft_model": LoadedModel("d", tiny_model(6, **kw), tokenizer, 4096),
+            "draft_cost": 0.1,
+        }
+    prompts = [[1, 2, 3, 4], [5, 0, 1], [2, 2, 2, 2, 2]]
+    exact = [_exact_two_tokens(target.model, p, V) for p in prompts]
+    eng = Engine(target, draft=drafter, k=3, surface=FLAT, batch_size=3, **extra)
+    runs = 600
+    counts = [np.zeros((V, V)) for _ in prompts]
     for s in range(runs):
-        toks = eng.generate(prompt, params(s)).tokens
-        counts[toks[0], toks[1]] += 1  # vocab 6 has no EOS: always two tokens
-    from tests.engine.test_acceptance import chi_square_ok
+        reqs = [
+            (p, GenerationParams(max_tokens=2, temperature=1.0, seed=s * 3 + i))
+            for i, p in enumerate(prompts)
+        ]
+        for i, r in enumerate(eng.generate_many(reqs)):
+            counts[i][r.tokens[0], r.tokens[1]] += 1  # vocab 6 has no EOS: always two tokens
+    for i in range(len(prompts)):
+        stat, bound = chi_square_ok(counts[i].ravel(), exact[i].ravel(), runs)
+        assert stat < bound, (drafter, i, stat, bound)
 
-    stat, bound = chi_square_ok(counts.ravel(), exact.ravel(), runs)
-    assert stat < bound, (drafter, stat, bound)
+
+def test_metrics_are_consistent(make_tiny):
+    target = make_tiny(2)
+    prompt = target.encode_prompt(PROMPTS[2] * 3)
+    r = Engine(target, draft="ngram", k=4, surface=FLAT, batch_size=2).generate(
+        prompt, GenerationParams(max_tokens=64)
+    )
+    s, t = r.speculative, r.timing
+    assert s["drafter"] == "ngram"
+    assert s["accepted_tokens"] <= s["draft_tokens"]
+    assert sum(s["accepted_per_position"]) == s["accepted_tokens"]
+    assert s["accepted_per_position"] == sorted(s["accepted_per_position"], reverse=True)
+    # every step emits its accepted tokens plus one; the first token comes from the prefill
+    assert s["accepted_tokens"] + s["verify_steps"] >= len(r.tokens) - 1
+    assert s["mean_accepted_length"] > 1.0  # a prompt repeated three times: copies pay
+    for key in ("ttft_s", "draft_s", "verify_s", "accept_s", "cache_s", "total_s"):
+        assert t[key] >= 0.0
+    assert t["total_s"] >= t["ttft_s"]
+    assert t["batch_size"] == 1.0
 
 
-def test_early_exit_shares_the_target_cache(make_tiny, flat_cost):
-    """Early exit keeps no cache or weights of its own: after a request the target's cache
-    holds exactly one entry per position, and no new parameters exist."""
+def test_batch_size_is_reported_per_item(make_tiny):
+    target = make_tiny(2)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=20)) for p in PROMPTS[:4]]
+    res = Engine(target, draft="ngram", surface=FLAT, batch_size=4).generate_many(reqs)
+    assert all(1.0 < r.timing["batch_size"] <= 4.0 for r in res)
+
+
+def test_eos_stops_and_is_not_returned(make_tiny):
+    target = make_tiny(0)
+    prompt = target.encode_prompt(PROMPTS[0])
+    first = plain(target, prompt, GenerationParams(max_tokens=1))[0]
+    eos_target = LoadedModel(target.name, target.model, target.tokenizer, 4096)
+    eos_target.tokenizer = type(
+        "T",
+        (),
+        {"eos_token_ids": {first}, "decode": target.decode, "encode": target.tokenizer.encode},
+    )()
+    for d in ("none", "ngram", "early-exit:2"):
+        r = Engine(eos_target, draft=d, surface=FLAT, batch_size=2).generate(
+            prompt, GenerationParams(8)
+        )
+        assert r.tokens == [] and r.finish_reason == "stop"
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_beside_decoding_rows(make_tiny):
     target = make_tiny(4)
-    eng = Engine(target, draft="early-exit:2", k=3, cost=flat_cost)
+    long = target.encode_prompt(PROMPTS[1] * 12)  # ~800 tokens: several 64-token chunks
+    reqs = [
+        (target.encode_prompt(PROMPTS[0]), GenerationParams(max_tokens=30)),
+        (long, GenerationParams(max_tokens=10)),
+    ]
+    want = [plain(target, p, q) for p, q in reqs]
+    eng = Engine(target, draft="ngram", surface=FLAT, batch_size=2, prefill_tokens=64)
+    assert [r.tokens for r in eng.generate_many(reqs)] == want
+
+
+def test_kv_budget_admits_rows_one_by_one(make_tiny):
+    target = make_tiny(4)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=10)) for p in PROMPTS[:3]]
+    want = [plain(target, p, q) for p, q in reqs]
+    eng = Engine(target, draft="ngram", surface=FLAT, batch_size=3, max_kv_bytes=1)
+    res = eng.generate_many(reqs)
+    assert [r.tokens for r in res] == want
+    assert all(r.timing["batch_size"] == 1.0 for r in res)  # one row at a time
+
+
+def test_an_isolated_request_runs_alone(make_tiny):
+    target = make_tiny(4)
+    eng = Engine(target, draft="ngram", surface=FLAT, batch_size=3)
+    batch = eng.new_batch()
+    p = [target.encode_prompt(t) for t in PROMPTS[:3]]
+    batch.submit(p[0], GenerationParams(max_tokens=8), tag=0)
+    batch.submit(p[1], GenerationParams(max_tokens=8), tag=1, isolate=True)
+    batch.submit(p[2], GenerationParams(max_tokens=8), tag=2)
+    res = {r.tag: r for r in batch.run()}
+    assert res[1].timing["batch_size"] == 1.0
+    assert [res[i].tokens for i in range(3)] == [
+        plain(target, q, GenerationParams(max_tokens=8)) for q in p
+    ]
+
+
+def test_early_exit_adds_no_weights(make_tiny):
+    target = make_tiny(4)
     n_params = sum(v.size for v in _leaves(target.model))
-    r = eng.generate(target.encode_prompt(PROMPTS[0]), GenerationParams(max_tokens=20))
+    r = engine(target, "early-exit:2", make_tiny, k=3).generate(
+        target.encode_prompt(PROMPTS[0]), GenerationParams(max_tokens=20)
+    )
     assert len(r.tokens) == 20
     assert sum(v.size for v in _leaves(target.model)) == n_params
 
@@ -147,33 +256,9 @@ def _leaves(m):
     return [v for _, v in tree_flatten(m.parameters())]
 
 
-def test_cache_rollback_equals_fresh_prefill(make_tiny):
-    """Trimming rejected positions leaves the cache equal to prefilling the kept tokens."""
-    target = make_tiny(0)
-    toks = mx.array([target.encode_prompt(PROMPTS[0])])
-    a = make_cache(target.model)
-    forward(target.model, toks, a)
-    forward(target.model, mx.array([[5, 6, 7, 8]]), a)
-    trim(a, 4)
-    b = make_cache(target.model)
-    forward(target.model, toks, b)
-    probe = mx.array([[9, 10]])
-    assert mx.allclose(forward(target.model, probe, a), forward(target.model, probe, b), atol=1e-5)
-
-
-def test_eos_stops_and_is_not_returned(make_tiny, flat_cost):
-    target = make_tiny(0)
-    prompt = target.encode_prompt(PROMPTS[0])
-    first = Engine(target, draft="none").generate(prompt, GenerationParams(max_tokens=1)).tokens[0]
-    target_eos = LoadedModel(target.name, target.model, target.tokenizer, 4096)
-    target_eos.tokenizer = type("T", (), {"eos_token_ids": {first}, "decode": target.decode})()
-    for d in ("none", "ngram", "early-exit:2"):
-        r = Engine(target_eos, draft=d, cost=flat_cost).generate(prompt, GenerationParams(8))
-        assert r.tokens == [] and r.finish_reason == "stop"
-
-
 @pytest.mark.parametrize(
-    "spec", ["bogus", "early-exit", "early-exit:x", "early-exit:0", "early-exit:99", "ngram:3"]
+    "spec",
+    ["bogus", "early-exit", "early-exit:x", "early-exit:0", "early-exit:99", "ngram:3", "tree:3,2"],
 )
 def test_bad_drafter_spec(spec, make_tiny):
     with pytest.raises(ValueError, match="drafter|layer"):
@@ -184,4 +269,14 @@ def test_prompt_longer_than_context(make_tiny):
     t = make_tiny(0)
     short = LoadedModel(t.name, t.model, t.tokenizer, context_length=8)
     with pytest.raises(ValueError, match="context"):
-        Engine(short, draft="none").generate(list(range(10)), GenerationParams())
+        Engine(short, draft="none", surface=FLAT).generate(list(range(10)), GenerationParams())
+
+
+def test_an_unknown_model_family_is_refused(make_tiny):
+    t = make_tiny(0)
+    t.model.args.model_type = "gpt_neox"
+    try:
+        with pytest.raises(ValueError, match="gpt_neox"):
+            Engine(t, draft="none", surface=FLAT)
+    finally:
+        t.model.args.model_type = "llama"

@@ -117,18 +117,20 @@ def test_big_greedy_answer(big):
 
 def test_big_speculative_greedy_equals_plain(big, small):
     """On the 1.5B target every drafter reproduces plain greedy decoding token for token."""
-    from core.engine import CostCurve, Engine, GenerationParams
+    from core.engine import CostSurface, Engine, GenerationParams
 
     prompt = big.encode_chat([{"role": "user", "content": QUESTION}])
     params = GenerationParams(max_tokens=24)
-    flat = CostCurve.flat()  # width is free: the drafters draft every step
-    want = Engine(big, draft="none").generate(prompt, params).tokens
+    flat = CostSurface.flat()  # width is free: the drafters draft every step
+    want = Engine(big, draft="none", surface=flat, batch_size=1).generate(prompt, params).tokens
     for spec in ("ngram", "early-exit:21", "draft-model:qwen2.5-coder-0.5b", "tree", "auto"):
         eng = Engine(
             big,
             draft=spec,
             k=3 if spec != "tree" else None,
-            cost=flat,
+            surface=flat,
+            batch_size=1,
+            draft_cost=0.3,
             draft_model=small if spec.startswith(("draft", "auto")) else None,
         )
         assert eng.generate(prompt, params).tokens == want, spec

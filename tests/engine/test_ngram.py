@@ -1,9 +1,8 @@
-from core.engine.drafters.ngram import NgramDrafter, TextIndex
+from core.engine.drafters.ngram import PromptLookup, TextIndex
 
 
 def lookup(history, k):
-    d = NgramDrafter()
-    d.begin(history)
+    d = PromptLookup()
     return d.lookup(history, k)
 
 
@@ -35,9 +34,8 @@ def test_overlapping_match_copies_forward():
 
 
 def test_incremental_index_matches_fresh_index():
-    d = NgramDrafter()
+    d = PromptLookup()
     h = [4, 5, 6]
-    d.begin(h)
     d.lookup(h, 2)
     for t in [4, 5, 9, 4, 5]:
         h.append(t)
@@ -66,8 +64,8 @@ class ToyCodec:
         return ids
 
 
-def text_drafter(codec: ToyCodec) -> NgramDrafter:
-    return NgramDrafter(text=TextIndex(codec.decode, codec.encode))
+def text_drafter(codec: ToyCodec) -> PromptLookup:
+    return PromptLookup(text=TextIndex(codec.decode, codec.encode))
 
 
 def test_text_match_finds_a_copy_the_tokens_split_differently():
@@ -77,7 +75,6 @@ def test_text_match_finds_a_copy_the_tokens_split_differently():
     h = prompt + out
     assert lookup(h, 3) == []  # token n-grams see nothing to copy
     d = text_drafter(codec)
-    d.begin(prompt)
     # what followed "maria" earlier, up to the text written since: '.lopez@x"mar...'
     assert d.lookup(h, 3) == codec.encode('.lopez@x"mar')
 
@@ -89,7 +86,6 @@ def test_text_match_refuses_a_continuation_that_retokenizes_the_tail():
     # "pqr" + "st..." re-tokenizes as p, q, rs, t: not how the model wrote its last tokens
     assert idx.lookup(h, 2) == []
     d = text_drafter(codec)
-    d.begin(h)
     assert d.lookup(h, 2) == [3, 4]  # so the token matcher answers
 
 
@@ -105,9 +101,7 @@ def test_text_index_extends_its_cache_and_matches_fresh():
     codec = ToyCodec(list("abcdefgh") + ["ab", "cd"])
     h = codec.encode("abcdefgh")
     d = text_drafter(codec)
-    d.begin(h)
     for t in codec.encode("abcdeabcd"):
         h.append(t)
         fresh = text_drafter(codec)
-        fresh.begin(h)
         assert d.lookup(h, 4) == fresh.lookup(h, 4)

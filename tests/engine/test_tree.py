@@ -1,16 +1,10 @@
-"""Token trees: flat arrays, mask and positions, builders, merging."""
+"""Token trees: flat arrays, builders, merging; the tree drafter's chances and order."""
 
-import mlx.core as mx
 import pytest
 
-from core.engine.tree import (
-    TokenTree,
-    best_first,
-    dynamic_tree,
-    merge,
-    parse_shape,
-    static_tree,
-)
+from core.engine import CostSurface, Engine, GenerationParams
+from core.engine.drafters.tree import RankStats, by_chance, chances
+from core.engine.tree import TokenTree, best_first, dynamic_tree, merge
 
 
 def _tree() -> TokenTree:
@@ -24,48 +18,16 @@ def _tree() -> TokenTree:
     return t
 
 
-def test_flat_arrays_mask_and_positions():
-    t = _tree()
-    assert t.tokens == [9, 3, 4, 5, 6, 7]
-    assert t.parents == [-1, 0, 0, 1, 2, 2]
-    assert t.depths() == [0, 1, 1, 2, 2, 2]
-    assert t.positions(10).tolist() == [10, 11, 11, 12, 12, 12]
-    m = t.attention_mask(2)
-    assert m.shape == (6, 8)
-    assert m[:, :2].all().item()  # everyone sees the prefix
-    assert m[3, 2:].tolist() == [True, True, False, True, False, False]  # root, 1, itself
-    assert m[5, 2:].tolist() == [True, False, True, False, False, True]
-    assert t.path_tokens(5) == [9, 4, 7]
-
-
 def test_add_deduplicates_siblings():
     t = TokenTree.root(1)
     assert t.add(0, 5, 0.2) == t.add(0, 5, 0.6) == 1
     assert t.size == 2 and t.scores[1] == 0.6
 
 
-def test_draft_round_trip():
-    t = _tree()
-    d = t.to_draft("x")
-    assert d.tokens.tolist() == [[3, 4, 5, 6, 7]]
-    assert d.parents.tolist() == [-1, -1, 0, 1, 1]
-    back = TokenTree.from_draft(9, d)
-    assert (back.tokens, back.parents) == (t.tokens, t.parents)
-    chain = TokenTree.from_draft(1, type(d)(tokens=mx.array([[2, 3]])))
-    assert chain.parents == [-1, 0, 1]
-
-
 def _expand(path):
     # Candidates depend on the path: the next token is last + 1 (likely) or last + 2.
     last = path[-1]
     return [(last + 1, 0.6), (last + 2, 0.3), (last + 3, 0.1)]
-
-
-def test_static_tree_shape():
-    t = static_tree(0, _expand, [3, 2, 1])
-    assert t.size == 1 + 3 + 6 + 6
-    assert t.depths().count(3) == 6
-    assert t.path_tokens(t.size - 1)[-1] == t.path_tokens(t.size - 1)[-2] + 1
 
 
 def test_dynamic_tree_takes_the_most_likely_nodes():
@@ -93,9 +55,40 @@ def test_best_first_keeps_a_tree():
     assert t.parents == [-1, 0, 0, 1]
 
 
-def test_parse_shape():
-    assert parse_shape("3,2,1") == [3, 2, 1]
-    with pytest.raises(ValueError, match="comma-separated"):
-        parse_shape("3,x")
-    with pytest.raises(ValueError, match="at least 1"):
-        parse_shape("2,0")
+def test_chances_use_the_first_child_rate_then_the_rank_rates():
+    t = _tree()  # root -> 3, 4; 3 -> 5; 4 -> 6, 7
+    ch = chances(t, lambda depth: [0.8, 0.5][depth], lambda rank: 0.25)
+    assert ch[1] == pytest.approx(0.8)  # first child of the root
+    assert ch[2] == pytest.approx(0.2 * 0.25)  # second: after the first failed
+    assert ch[3] == pytest.approx(0.8 * 0.5)  # first child at depth 2
+    assert ch[4] == pytest.approx(0.05 * 0.5) and ch[5] == pytest.approx(0.05 * 0.5 * 0.25)
+
+
+def test_by_chance_orders_nodes_with_parents_first():
+    t = _tree()
+    ch = [1.0, 0.8, 0.05, 0.4, 0.025, 0.00625]
+    out, kept = by_chance(t, ch, 4)
+    assert out.tokens == [9, 3, 5, 4, 6] and out.parents == [-1, 0, 1, 0, 3]
+    assert kept == sorted(kept, reverse=True)
+
+
+def test_rank_stats_learn_from_observations():
+    r = RankStats(prior=(0.25,), weight=1.0)
+    for _ in range(30):
+        r.observe(1, True)
+    assert r.rate(1) > 0.9 and r.rate(2) == pytest.approx(0.25)
+
+
+def test_a_tree_accepts_at_least_what_prompt_lookup_chains_do(make_tiny):
+    """The tree's first branch is prompt lookup's chain: on copy-heavy prompts it never
+    takes more verify steps than the ngram chain (free width)."""
+    target = make_tiny(0)
+    text = "Copy: alpha beta gamma delta. Copy again: alpha beta gamma delta. Again: alpha"
+    prompt = target.encode_prompt(text)
+    params = GenerationParams(max_tokens=40)
+    flat = CostSurface.flat()
+    steps = {}
+    for spec in ("ngram", "tree"):
+        r = Engine(target, draft=spec, surface=flat, batch_size=1).generate(prompt, params)
+        steps[spec] = r.speculative["verify_steps"]
+    assert steps["tree"] <= steps["ngram"]

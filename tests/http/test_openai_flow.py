@@ -173,7 +173,7 @@ def test_report_matches_status(farm, finished):
             expected = expected[part]
         assert json.loads(html.unescape(value)) == expected, key
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(pngs) == 5
+    assert len(pngs) == 6  # five figures, and the batch size each item ran at
     for data in pngs:
         image = Image.open(io.BytesIO(base64.b64decode(data)))
         image.verify()

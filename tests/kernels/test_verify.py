@@ -221,3 +221,37 @@ def test_bonus_token_at_a_leaf_follows_the_target():
     r = verify_ops(lg, mx.zeros((ROWS, 1), mx.int32), [-1], None, u, False)
     assert r.num_accepted.tolist() == [0] * ROWS
     _assert_matches(np.array(r.next_token), P0, "bonus token")
+
+
+def test_per_row_parents_verify_each_row_as_its_own_tree():
+    """(B, N) parents with padded tails: row b's result equals verifying it alone."""
+    import numpy as np
+
+    from kernels.verify import PAD
+
+    rng = np.random.default_rng(7)
+    V, N = 11, 6
+    rows = [[-1, 0, 0, 1], [-1], [-1, 0, 1, 2, 3, 4]]
+    parents = np.full((3, N), PAD, dtype=np.int32)
+    for b, p in enumerate(rows):
+        parents[b, : len(p)] = p
+    logits = mx.array(rng.normal(size=(3, N, V)).astype(np.float32))
+    am = np.asarray(mx.argmax(logits, axis=-1))
+    tokens = np.zeros((3, N), np.int32)
+    for b, p in enumerate(rows):
+        for j in range(1, len(p)):
+            tokens[b, j] = am[b, p[j]]  # every node is the target's choice: all accepted
+    together = verify(logits, mx.array(tokens), parents, greedy=True)
+    for b, p in enumerate(rows):
+        n = len(p)
+        alone = verify(logits[b : b + 1, :n], mx.array(tokens[b : b + 1, :n]), p, greedy=True)
+        assert together.num_accepted[b].item() == alone.num_accepted[0].item()
+        assert together.next_token[b].item() == alone.next_token[0].item()
+    assert together.num_accepted.tolist() == [2, 0, 5]  # the deepest path of each row
+
+
+def test_padding_must_come_last():
+    from kernels.verify import PAD, check_parents
+
+    with pytest.raises(ValueError, match="before it"):
+        check_parents([[-1, PAD, 0]])

@@ -47,3 +47,48 @@ def test_metal_kernel_matches_reference(dtype, n_shape, V, mode):
 def test_kernels_are_absent_without_their_backend():
     assert verify_cuda.available() == mx.cuda.is_available()
     assert verify_metal.available() == mx.metal.is_available()
+
+
+def _ragged_case(V: int, dtype, seed: int):
+    """Four rows, each its own tree with a padded tail (kernels.verify.PAD)."""
+    import numpy as np
+
+    from kernels.verify import PAD
+    from tests.kernels.helpers import random_parents
+
+    rng = np.random.default_rng(seed)
+    N = 12
+    parents = np.full((4, N), PAD, dtype=np.int32)
+    for b, n in enumerate((1, 5, 12, 8)):
+        parents[b, :n] = random_parents(n, rng)
+    logits = mx.array(rng.normal(size=(4, N, V)).astype(np.float32) * 3).astype(dtype)
+    am = np.asarray(mx.argmax(logits.astype(mx.float32), axis=-1))
+    tokens = rng.integers(0, V, (4, N)).astype(np.int32)
+    for b in range(4):  # make about half the nodes the target's own choice after their parent
+        for j in range(1, N):
+            if parents[b, j] >= 0 and rng.random() < 0.6:
+                tokens[b, j] = am[b, parents[b, j]]
+    return logits, mx.array(tokens), parents
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not mx.default_device() == mx.gpu, reason="needs a GPU backend")
+@pytest.mark.parametrize("V", [7, 49152])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_per_row_trees_and_choices_match_reference(V, dtype):
+    from kernels.verify import choose
+
+    backend = "cuda" if verify_cuda.available() else "metal"
+    logits, tokens, parents = _ragged_case(V, dtype, seed=V % 101)
+    ref = verify(logits, tokens, parents, greedy=True, backend="ops")
+    ker = verify(logits, tokens, parents, greedy=True, backend=backend)
+    for name in ("path", "num_accepted", "next_token"):
+        assert mx.array_equal(getattr(ref, name), getattr(ker, name)).item(), name
+    u = mx.random.uniform(shape=(4, 12), key=mx.random.key(3))
+    u = (u * 2**24).astype(mx.int32).astype(mx.float32) * 2**-24  # 24-bit: exact seeds
+    assert mx.array_equal(
+        choose(logits, u, backend="ops"), choose(logits, u, backend=backend)
+    ).item()
+    assert mx.array_equal(
+        choose(logits, None, backend="ops"), choose(logits, None, backend=backend)
+    ).item()

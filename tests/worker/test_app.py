@@ -104,8 +104,8 @@ def test_database_errors_retry_the_chunk(monkeypatch):
 def test_a_job_row_naming_a_drafter_path_fails_on_the_worker_without_loading(tmp_path):
     """Defence in depth: a job stored by an older client with `draft-model:/path` fails
     per item with the policy's message; nothing is opened."""
-    from worker.process import process_item
-    from worker.tasks import _engine_for
+    from worker.process import start_item, store_error
+    from worker.tasks import _engine_key
 
     url = f"sqlite:///{tmp_path / 'd.db'}"
     upgrade(url)
@@ -123,8 +123,9 @@ def test_a_job_row_naming_a_drafter_path_fails_on_the_worker_without_loading(tmp
         repo.mark_in_progress(s, job.id)
         s.commit()
         (item_id,) = repo.open_item_ids(s, job.id)
-        outcome = process_item(
-            s, item_id, engine_for=lambda j: _engine_for(settings, j), max_attempts=3
-        )
+        started = start_item(s, item_id, max_attempts=3, worker_host="w:1")
+        with pytest.raises(Exception) as e:
+            _engine_key(settings, started)
+        outcome = store_error(s, started, e.value)
     assert outcome.error["code"] == "invalid_drafter"
     assert "DraftNotAllowed: --draft draft-model:/etc/passwd: a path" in outcome.error["message"]

@@ -117,7 +117,9 @@ def test_poison_item_is_capped_and_fails_alone(farm):
     assert poison.status == "failed"
     assert poison.error_code == "max_attempts_exceeded"
     assert poison.attempts == 2
-    assert all(i.status == "completed" and i.attempts == 1 for i in items.values())
+    # Rows that shared the poison item's batch died with it once, then ran (after a
+    # crash, a retried item runs alone): each completed, within two attempts.
+    assert all(i.status == "completed" and i.attempts <= 2 for i in items.values())
     assert store.job(job_id).status == "completed"
     out = tmp / "poison-out.jsonl"
     cli_ok(env, "results", job_id, "-o", str(out))
@@ -128,16 +130,40 @@ def test_poison_item_is_capped_and_fails_alone(farm):
     assert "1 requests queued again" in cli_ok(env, "retry", job_id)
     assert store.job(job_id).status in ("in_progress", "completed")
     CliRunner(env=env).invoke(cli, ["wait", job_id, "--timeout", "150"])
-    items = {i.custom_id: i for i in store.items(job_id)}
-    assert items["poison"].status == "failed" and items["poison"].attempts == 2
-    assert [i.attempts for k, i in sorted(items.items()) if k != "poison"] == [1, 1, 1]
+    after = {i.custom_id: i for i in store.items(job_id)}
+    assert after["poison"].status == "failed" and after["poison"].attempts == 2
+    # the others were done: the retry touched only the failed item
+    assert {k: i.attempts for k, i in after.items() if k != "poison"} == {
+        k: i.attempts for k, i in items.items()
+    }
     assert store.job(job_id).status == "completed"
 
 
-def test_cancel_stops_the_remaining_items(farm):
-    env, model, store, tmp = farm
+def test_cancel_stops_the_remaining_items(tmp_path):
+    """Two rows at a time: a cancel stops the rows in flight and everything still queued,
+    on the broker or in the worker's engine."""
+    db = f"sqlite:///{tmp_path / 'cancel.db'}"
+    env = service_env(
+        db,
+        APPLESPEC_BATCH_SIZE="2",
+        APPLESPEC_HEARTBEAT_INTERVAL="0.5",
+        APPLESPEC_LEASE_TIMEOUT="5",
+    )
+    upgrade(db)
+    model = unique_model()
+    store = Store(db)
+    worker = Worker(env, model, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        _cancel_mid_job(env, model, store, tmp_path)
+    finally:
+        worker.stop()
+        store.dispose()
+
+
+def _cancel_mid_job(env, model, store, tmp):
     ids = [f"x{i}" for i in range(40)]
-    path = write_prompts(tmp / "cancel.jsonl", ids, max_tokens=24)
+    path = write_prompts(tmp / "cancel.jsonl", ids, max_tokens=48)
     job_id = submit(env, path, model)
     store.wait_for(lambda: store.job(job_id).completed >= 2, 90, "two completed items")
     assert "cancelling" in cli_ok(env, "cancel", job_id) or store.job(job_id).status == "cancelled"
@@ -161,7 +187,8 @@ def test_redis_restart_mid_job_still_completes(tmp_path):
     redis_server = RedisServer(free_port(), tmp_path)
     redis_server.start()
     db = f"sqlite:///{tmp_path / 'restart.db'}"
-    env = service_env(db, broker_url=redis_server.url)
+    # Two rows at a time: most chunks are still on the broker when it dies.
+    env = service_env(db, broker_url=redis_server.url, APPLESPEC_BATCH_SIZE="2")
     upgrade(db)
     model = unique_model()
     store = Store(db)

@@ -45,12 +45,6 @@ def _layer(arg: str) -> None:
         raise ValueError(f"early-exit takes a layer number, got {arg!r}")
 
 
-def _shape(arg: str) -> None:
-    from ..tree import parse_shape
-
-    parse_shape(arg)
-
-
 def _ngram(engine, arg):
     from .ngram import NgramDrafter
 
@@ -79,15 +73,17 @@ def _auto(engine, arg):
 def _tree(engine, arg):
     from .tree import TreeDrafter
 
-    return [TreeDrafter(engine, arg)]
+    return [TreeDrafter(engine)]
 
 
 ENTRIES = [
     Entry("none", None, "no drafting: plain decoding", lambda e, a: []),
     Entry("ngram", None, "prompt lookup on characters and tokens", _ngram),
-    Entry("early-exit", "L", "the target's first L layers draft (shared cache)", _early_exit, _layer),
+    Entry(
+        "early-exit", "L", "the target's first L layers draft (shared cache)", _early_exit, _layer
+    ),
     Entry("draft-model", "NAME", "a small model sharing the tokenizer", _draft_model),
-    Entry("tree", "SHAPE?", "token trees of lookups (+ a draft model's top-k)", _tree, _shape),
+    Entry("tree", None, "per-row token trees of prompt-lookup candidates", _tree),
     Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),
 ]
 REGISTRY = {e.name: e for e in ENTRIES}

@@ -63,8 +63,12 @@ class Draft:
         return Draft(
             sizes=[min(k, s) for k, s in zip(ks, self.sizes, strict=True)],
             tokens=[t[:k] for t, k in zip(self.tokens, ks, strict=True)],
-            parents=None if self.parents is None else [p[:k] for p, k in zip(self.parents, ks, strict=True)],
-            chances=None if self.chances is None else [c[:k] for c, k in zip(self.chances, ks, strict=True)],
+            parents=None
+            if self.parents is None
+            else [p[:k] for p, k in zip(self.parents, ks, strict=True)],
+            chances=None
+            if self.chances is None
+            else [c[:k] for c, k in zip(self.chances, ks, strict=True)],
             source=self.source,
         )
 

@@ -1,32 +1,30 @@
-"""Tree drafting: several candidate continuations verified in one forward.
+"""Tree drafting: several candidate continuations per row, verified in one forward.
 
-Candidates: prompt lookup with *every* earlier match of the longest suffix (several matches
-give several branches, weighted by how often each continuation followed), grown best-first
-(EAGLE-2 style), merged with a draft model's greedy chain and its top-k alternatives at each
-depth when a draft model is configured. All candidates are deterministic (`probs=None`), so
-the one-hot acceptance rule keeps sampling lossless.
+Per row the tree's first branch is exactly what prompt lookup would draft as a chain (the
+character matcher, else the token n-grams); every other earlier occurrence of the longest
+matching suffix adds its continuation as a sibling branch, weighted by how often it
+followed (grown best-first, EAGLE-2 style). Nodes are ordered by their estimated chance of
+being accepted, so the policy's prefix of a tree is a tree, and the first branch is never
+cut before an alternative: a tree accepts at least what its best chain would.
 
-Size (Sequoia's idea): the node acceptance chance is estimated from per-sibling-rank
-acceptance rates measured on this request; the drafter keeps the number of nodes n that
-maximizes (1 + expected accepted nodes) / verify_cost(n + 1) on the machine's cost curve.
+Chances come from this drafter's own measurements: the first child of a node (the chain's
+continuation) is accepted with the per-position rate h_depth (draft_length.AcceptanceStats,
+as for chains), a later sibling with the per-rank rate of siblings tried after the earlier
+ones failed (`RankStats`). All candidates are deterministic, so acceptance is by equality.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-import mlx.core as mx
-
-from ..costs import CostCurve
-from ..draft_length import PROBE_EVERY
-from ..forward import forward, last_logits, make_cache, trim
-from ..model import LoadedModel
-from ..tree import TokenTree, best_first, dynamic_tree, merge
-from .base import Draft, DraftSampler
-from .ngram import NGRAM_SIZES
+from ..draft_length import K_MAX
+from ..tree import TokenTree, dynamic_tree, merge
+from .base import Draft
+from .ngram import NGRAM_SIZES, PromptLookup, TextIndex
 
 MAX_NODES = 32
 MAX_RANKS = 8
+WIDTH = 4  # alternatives considered per node
 
 
 class NgramCandidates:
@@ -37,11 +35,6 @@ class NgramCandidates:
         self.sizes = sizes
         self.history: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        self._indexed = 0
-
-    def reset(self) -> None:
-        self.history = []
-        self._index.clear()
         self._indexed = 0
 
     def update(self, history: list[int]) -> None:
@@ -67,221 +60,120 @@ class NgramCandidates:
         return []
 
 
-class ModelCandidates:
-    """A draft model's greedy chain of `depth` tokens with its top-`width` alternatives at
-    each depth as leaves (one draft forward per depth, own cache, rolled back each step)."""
-
-    def __init__(self, draft: LoadedModel, depth: int = 4, width: int = 3):
-        self.draft = draft
-        self.depth, self.width = depth, width
-        self.cache = make_cache(draft.model)
-        self._seen = 0
-
-    def reset(self) -> None:
-        self.cache = make_cache(self.draft.model)
-        self._seen = 0
-
-    def tree(self, history: list[int]) -> TokenTree:
-        model = self.draft.model
-        tree = TokenTree.root(history[-1])
-        logits = last_logits(model, mx.array([history[self._seen :]], mx.int32), self.cache)[0]
-        self._seen = len(history)
-        parent, fed = 0, 0
-        for d in range(self.depth):
-            probs = mx.softmax(logits.astype(mx.float32))
-            top = mx.argsort(-probs)[: self.width]
-            toks, ps = top.tolist(), probs[top].tolist()  # host sync, once per depth
-            kids = [
-                tree.add(parent, t, tree.scores[parent] * p) for t, p in zip(toks, ps, strict=True)
-            ]
-            parent = kids[0]
-            if d + 1 < self.depth:
-                logits = forward(model, mx.array([[toks[0]]], mx.int32), self.cache)[0, -1]
-                fed += 1
-        trim(self.cache, fed)  # back to the history; accepted tokens are fed next step
-        return tree
-
-    def static(self, history: list[int], shape: list[int]) -> TokenTree:
-        """A static-shape tree: every node at depth d gets the draft's top `shape[d]` tokens.
-
-        The draft model scores each level with the tree forward over its own cache (one
-        draft forward per depth), which is then rolled back to the history."""
-        from ..tree_forward import tree_forward
-
-        model = self.draft.model
-        if len(history) - 1 > self._seen:  # the prefix: history without the root
-            forward(model, mx.array([history[self._seen : -1]], mx.int32), self.cache)
-        self._seen = len(history) - 1
-        tree = TokenTree.root(history[-1])
-        frontier = [0]
-        for width in shape:
-            logits = tree_forward(model, tree, self.cache)[0]  # (N, V)
-            trim(self.cache, tree.size)
-            probs = mx.softmax(logits[mx.array(frontier)].astype(mx.float32), axis=-1)
-            top = mx.argsort(-probs, axis=-1)[:, :width]  # (F, width)
-            toks = top.tolist()
-            ps = mx.take_along_axis(probs, top, axis=-1).tolist()  # host sync, once per depth
-            frontier = [
-                tree.add(i, t, tree.scores[i] * p)
-                for i, row_t, row_p in zip(frontier, toks, ps, strict=True)
-                for t, p in zip(row_t, row_p, strict=True)
-            ]
-        return tree
-
-
 class RankStats:
-    """Per sibling rank r: how often the r-th child is accepted when its parent was and
+    """Per sibling rank r >= 1: how often the r-th child is accepted when its parent was and
     every earlier sibling was not (counts with a prior)."""
 
-    def __init__(self, prior: tuple[float, ...] = (0.6, 0.25, 0.15, 0.1), weight: float = 4.0):
+    def __init__(self, prior: tuple[float, ...] = (0.25, 0.15, 0.1), weight: float = 4.0):
         self.hits = [weight * (prior[r] if r < len(prior) else prior[-1]) for r in range(MAX_RANKS)]
         self.tries = [weight] * MAX_RANKS
 
     def rate(self, r: int) -> float:
-        r = min(r, MAX_RANKS - 1)
+        r = min(r - 1, MAX_RANKS - 1)
         return self.hits[r] / self.tries[r]
 
-    def node_chances(self, tree: TokenTree) -> list[float]:
-        """(N,) estimated probability that each node ends up on the accepted path."""
-        chance = [1.0] * tree.size
-        miss = [1.0] * tree.size  # running product of (1 - rate) over earlier siblings
-        rank = [0] * tree.size
-        seen: Counter = Counter()
-        for i in range(1, tree.size):
-            p = tree.parents[i]
-            rank[i] = seen[p]
-            seen[p] += 1
-            a = self.rate(rank[i])
-            chance[i] = chance[p] * miss[p] * a
-            miss[p] *= 1.0 - a
-        return chance
+    def observe(self, r: int, hit: bool) -> None:
+        r = min(r - 1, MAX_RANKS - 1)
+        self.tries[r] += 1
+        self.hits[r] += hit
 
-    def observe(self, tree: TokenTree, path: list[int]) -> None:
-        """Count the tries and hits of one verify step (`path`: accepted nodes from the root).
 
-        Children of an accepted node are tried in order until one is accepted."""
-        taken = {tree.parents[c]: c for c in path[1:]}  # accepted node -> its accepted child
-        on_path = set(path)
-        seen: Counter = Counter()
-        for i in range(1, tree.size):
-            p = tree.parents[i]
-            r = min(seen[p], MAX_RANKS - 1)
-            seen[p] += 1
-            if p not in on_path or (p in taken and i > taken[p]):
-                continue
-            self.tries[r] += 1
-            self.hits[r] += taken.get(p) == i
+def chances(tree: TokenTree, first_rate, later_rate) -> list[float]:
+    """(N,) each node's estimated chance of ending on the accepted path (root: 1).
+
+    A node's first child is accepted with first_rate(depth), a later one (rank r) with
+    later_rate(r) once every earlier sibling failed."""
+    n = tree.size
+    chance, miss, kids = [1.0] * n, [1.0] * n, Counter()
+    depth = tree.depths()
+    for i in range(1, n):
+        p = tree.parents[i]
+        rank = kids[p]
+        kids[p] += 1
+        a = first_rate(depth[i] - 1) if rank == 0 else later_rate(rank)
+        chance[i] = chance[p] * miss[p] * a
+        miss[p] *= 1.0 - a
+    return chance
+
+
+def by_chance(tree: TokenTree, chance: list[float], budget: int) -> tuple[TokenTree, list[float]]:
+    """The `budget` likeliest nodes, in order of falling chance (parents first: a child's
+    chance never exceeds its parent's), and their chances."""
+    order = sorted(range(1, tree.size), key=lambda i: (-chance[i], i))[:budget]
+    out, where, kept = TokenTree.root(tree.tokens[0]), {0: 0}, []
+    for i in order:
+        if tree.parents[i] in where:
+            where[i] = out.add(where[tree.parents[i]], tree.tokens[i])
+            kept.append(chance[i])
+    return out, kept
 
 
 class TreeDrafter:
-    """`--draft tree`: the engine's plan for tree drafts (begin / step / commit)."""
+    """`--draft tree`: per-row trees of prompt-lookup candidates (a lookup drafter)."""
 
-    name = "tree"
+    name = kind = "tree"
+    lookup = True
 
-    def __init__(
-        self,
-        cost: CostCurve,
-        draft_model: LoadedModel | None = None,
-        max_nodes: int | None = None,
-        width: int = 4,
-        shape: list[int] | None = None,
-    ):
-        if shape is not None and draft_model is None:
-            raise ValueError("a static tree shape (tree:3,2,1) needs a draft model")
-        self.shape = shape
-        self.cost = cost
-        self.ngram = NgramCandidates()
-        self.model = ModelCandidates(draft_model) if draft_model is not None else None
-        self.max_nodes = max_nodes or MAX_NODES
-        self.fixed = max_nodes is not None
-        self.width = width
-        self.stats = RankStats()
-        self._tree: TokenTree | None = None
-        self._idle = 0
+    def __init__(self, batch):
+        self.batch = batch
+        self.target = batch.target
+        self.ranks = RankStats()
 
-    def begin(self, prompt: list[int]) -> None:
-        self.ngram.reset()
-        if self.model is not None:
-            self.model.reset()
-        self.stats = RankStats()
+    def admit(self, seq) -> None:
+        t = self.target
+        seq.state[self.name] = (
+            PromptLookup(text=TextIndex(t.decode, t.encode_text)),
+            NgramCandidates(),
+        )
 
-    def candidates(self, history: list[int]) -> TokenTree:
-        """Every candidate the drafters offer after `history`, one trie."""
-        if self.shape is not None:  # exactly the requested shape, from the draft model
-            return self.model.static(history, self.shape)
-        self.ngram.update(history)
+    def propose(self, seqs, ks: list[int]) -> Draft:
+        sizes, tokens, parents, all_chances = [], [], [], []
+        for s, k in zip(seqs, ks, strict=True):
+            tree, ch = self._tree(s, min(k, MAX_NODES)) if k else (TokenTree.root(0), [])
+            sizes.append(tree.size - 1)
+            tokens.append(tree.tokens[1:])
+            parents.append([p - 1 for p in tree.parents[1:]])  # drafts-only: -1 = root
+            all_chances.append(ch)
+        return Draft(sizes, tokens, parents=parents, chances=all_chances, source=self.name)
+
+    def _tree(self, s, budget: int) -> tuple[TokenTree, list[float]]:
+        lookup, cands = s.state[self.name]
+        history = s.history
+        chain = lookup.lookup(history, min(budget, K_MAX))
+        cands.update(history)
+        main = TokenTree.root(history[-1])
+        at = 0
+        for t in chain:
+            at = main.add(at, t, 1.0)
         ctx = history[:-1]
-        trees = [
-            dynamic_tree(
-                history[-1], lambda path: self.ngram.expand(ctx + path), self.max_nodes, self.width
-            )
-        ]
-        if self.model is not None:
-            trees.append(self.model.tree(history))
-        return merge(trees)
+        alt = dynamic_tree(history[-1], lambda path: cands.expand(ctx + path), budget, WIDTH)
+        tree = merge([main, alt])  # the chain's nodes come first: rank 0 at each depth
+        if tree.size == 1:
+            return tree, []
+        stats = s.stats[self.name].stats
+        ch = chances(tree, lambda d: stats.rate(min(d, len(stats.hits) - 1)), self.ranks.rate)
+        return by_chance(tree, ch, budget)
 
-    def size(self, tree: TokenTree) -> int:
-        """The node count with the most expected tokens per unit of verify time."""
-        if self.fixed or self.shape is not None:
-            return min(self.max_nodes, tree.size - 1) if self.fixed else tree.size - 1
-        ordered = best_first(tree, self.max_nodes)
-        chances = self.stats.node_chances(ordered)
-        by_score = sorted(range(1, ordered.size), key=lambda i: (-ordered.scores[i], i))
-        best, best_rate, expected = 0, 1.0, 1.0
-        for n, i in enumerate(by_score, start=1):
-            expected += chances[i]
-            rate = expected / self.cost.relative(n + 1)
-            if rate > best_rate * 1.0001:
-                best, best_rate = n, rate
-        return best
+    def commit(self, seqs, draft: Draft, paths) -> None:
+        """Per-rank counts for siblings after the first (the first child's per-position
+        counts are the row's statistics, observed by the engine along the accepted path)."""
+        for parents, path in zip(draft.parents, paths, strict=True):
+            on_path = {-1, *path}
+            taken = {parents[c]: c for c in path}
+            kids: dict[int, list[int]] = defaultdict(list)
+            for i, p in enumerate(parents):
+                kids[p].append(i)
+            for p, children in kids.items():
+                if p not in on_path:
+                    continue
+                for rank, c in enumerate(children):
+                    if rank >= 1:
+                        self.ranks.observe(rank, taken.get(p) == c)
+                    if taken.get(p) == c:
+                        break
 
-    def step(self, history: list[int], sampler: DraftSampler) -> Draft:
-        tree = self.candidates(history)
-        n = self.size(tree) if tree.size > 1 else 0
-        if n == 0 and tree.size > 1:
-            self._idle += 1
-            n = int(self._idle % PROBE_EVERY == 0)  # re-probe so the estimates can recover
-        if n == 0:
-            self._tree = None
-            return Draft(tokens=mx.zeros((1, 0), mx.int32), source="none")
-        self._tree = best_first(tree, n)
-        return self._tree.to_draft(self.name)
+    def retire(self, seq) -> None:
+        seq.state.pop(self.name, None)
 
-    def commit(self, draft: Draft, num_accepted: int, path: list[int] | None = None) -> None:
-        if self._tree is not None and path is not None:
-            self.stats.observe(self._tree, path)
-
-
-def compare(model: str = "smollm2-135m", prompts: int = 3, max_tokens: int = 64) -> None:
-    """Mean accepted length of `tree` vs the chain drafters on the bench prompts (greedy, the
-    accelerator-like flat cost curve so sizes do not depend on this machine's load), with a
-    check that every output equals plain decoding."""
-    from ..benchmark import encode, load_prompts
-    from ..generate import Engine
-    from ..loading import load_model
-    from ..sampling import GenerationParams
-
-    target = load_model(model)
-    flat = CostCurve.flat()
-    params = GenerationParams(max_tokens=max_tokens)
-    configs = {"none": {}, "ngram": {}, "ngram/k4": {"k": 4}, "tree": {}}
-    for item in load_prompts()[:prompts]:
-        prompt = encode(target, item)
-        want = None
-        for name, kw in configs.items():
-            eng = Engine(target, draft=name.split("/")[0], cost=flat, profile=False, **kw)
-            r = eng.generate(prompt, params)
-            want = r.tokens if want is None else want
-            s = r.speculative
-            print(
-                f"{item.get('category', '?'):<11} {name:<9} accepted len "
-                f"{s['mean_accepted_length']:.2f}  accept rate {s['acceptance_rate']:.2f}  "
-                f"steps {s['verify_steps']:>3}  identical {r.tokens == want}",
-                flush=True,
-            )
-
-
-if __name__ == "__main__":
-    import sys
-
-    compare(*(int(a) if a.isdigit() else a for a in sys.argv[1:]))
+    def step_cost(self, rows: int) -> float:
+        return 0.0

@@ -1,0 +1,67 @@
+"""The verify-cost surface: interpolation, the batch size it picks, measurement and the copy
+kept under APPLESPEC_HOME."""
+
+import json
+
+import pytest
+
+from core.engine.costs import CostSurface, load_or_measure, machine_key, measure_surface
+
+S = CostSurface((1, 4, 16), (1, 2, 4), ((10, 11, 13), (12, 16, 24), (30, 55, 100)))
+
+
+def test_interpolates_in_rows_and_width_and_extrapolates():
+    assert S(1, 1) == 10 and S(4, 8) == 16 and S(16, 64) == 100
+    assert S(2, 2) == pytest.approx(11.0)  # halfway between 1 and 4 rows on a log scale
+    assert S(1, 1.5) == pytest.approx(10.5)
+    assert S(16, 128) == pytest.approx(100 + 45 / 2 * 4)  # past 4 per row: the last slope
+    assert S(32, 32) == pytest.approx(60)  # past 16 rows: linear in rows
+    assert S.relative(4, 8) == pytest.approx(16 / 12)
+
+
+def test_best_batch_is_the_smallest_near_the_best_throughput():
+    # plain throughput: 1 -> 0.1, 4 -> 0.33, 16 -> 0.53 rows per ms
+    assert S.best_batch(64) == 16
+    assert S.best_batch(8) == 4
+    near = CostSurface((1, 8, 64), (1,), ((10,), (10.2,), (70,)))  # 64 rows: 17% more
+    assert near.best_batch(64, within=0.2) == 8 and near.best_batch(64, within=0.1) == 64
+    assert CostSurface((1, 8, 64), (1,), ((10,), (11,), (87,))).best_batch(64) == 8
+
+
+def test_measured_surface_is_positive_and_monotone(make_tiny):
+    s = measure_surface(make_tiny(0).model, batches=(1, 4), widths=(1, 2, 4), context=8)
+    assert all(m > 0 for row in s.ms for m in row)
+    for row in s.ms:
+        assert list(row) == sorted(row)
+    assert all(a <= b for a, b in zip(s.ms[0], s.ms[1], strict=True))
+
+
+def test_kept_under_the_data_directory_per_model_shape(make_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    model = make_tiny(0).model
+    calls = []
+
+    def fake(m, *a, **kw):
+        calls.append(m)
+        return S
+
+    monkeypatch.setattr("core.engine.costs.measure_surface", fake)
+    assert load_or_measure(model, "a", "float32") == S
+    assert load_or_measure(make_tiny(1).model, "b", "float32") == S  # another seed: same shape
+    assert len(calls) == 1
+    (kept,) = (tmp_path / "costs").iterdir()
+    assert json.loads(kept.read_text())["ms"] == [list(r) for r in S.ms]
+    other = make_tiny(0, hidden_size=32).model
+    assert machine_key(other, "float32") != machine_key(model, "float32")
+    assert machine_key(model, "q4") != machine_key(model, "float32")
+
+
+def test_a_damaged_copy_is_measured_again(make_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    model = make_tiny(0).model
+    path = tmp_path / "costs" / f"{machine_key(model, 'float32')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    monkeypatch.setattr("core.engine.costs.measure_surface", lambda *a, **kw: S)
+    assert load_or_measure(model, "a", "float32") == S
+    assert json.loads(path.read_text())["batches"] == [1, 4, 16]
