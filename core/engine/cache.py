@@ -137,14 +137,13 @@ class BatchKVCache:
                     moved = arrays[i][r_a, :, s_a]  # (M, H, D), read before any write
                     arrays[i][r_a, :, d_a] = moved
 
-    def copy_row(self, src: int, dst: int) -> None:
-        """Row `dst` becomes a copy of row `src` (its positions and its length)."""
-        n = int(self.lengths[src])
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Row `dst`'s first `n` positions become row `src`'s (a shared prompt prefix); its
+        length becomes `n`."""
         for arrays in (self.keys, self.values):
-            for i, a in enumerate(arrays):
+            for a in arrays:
                 if a is not None and n:
                     a[dst, :, :n] = a[src, :, :n]
-                    arrays[i] = a
         self.lengths[dst] = n
 
     def state(self) -> list[mx.array]:

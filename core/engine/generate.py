@@ -44,7 +44,8 @@ from .sampling import GenerationParams, choose, row_seed
 from .scorer import Segment, check_supported, forward
 from .sequence import Sequence
 
-DEFAULT_BATCH_LIMIT = 64  # rows at most when the batch size is chosen from the surface
+DEFAULT_BATCH_LIMIT = 256  # rows at most when the batch size is chosen from the surface
+MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
 
 
 @dataclass
@@ -85,6 +86,8 @@ class Engine:
         overlap: finish the previous step's rows while the device runs the current forward.
         pipeline: plain decoding (`none`) queues each step before reading the previous one
             back (mlx-lm's double buffering); False syncs every step.
+        share_prefixes: a joining row copies the keys and values of the longest prompt
+            prefix another row of the batch holds instead of computing them.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class Engine:
         profile: bool = False,
         overlap: bool = True,
         pipeline: bool = True,
+        share_prefixes: bool = True,
         progress: Callable[[str], None] = lambda s: None,
     ):
         entry, arg = registry.parse(draft)
@@ -137,6 +141,7 @@ class Engine:
         self.profile = profile
         self.overlap = overlap
         self.pipeline = pipeline
+        self.share_prefixes = share_prefixes
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
@@ -499,19 +504,55 @@ class Batch:
         return self.capacity * max(need) * per <= budget
 
     def _prefill_plan(self) -> list[tuple[Sequence, list[int]]]:
+        """The prompt chunks to prefill this step (at most `prefill_tokens` in all, oldest
+        rows first). A joining row first copies the longest prompt prefix another row holds
+        in the cache (a job's prompts share their template: the system prompt, the task's
+        instructions); if a longer one is being prefilled this very step by another row, it
+        waits a step and copies that instead of computing it too."""
         budget = self.engine.prefill_tokens
-        plan = []
+        plan: list[tuple[Sequence, list[int]]] = []
         joining = sorted(
             (s for s in self.rows if s is not None and s.prefilled < len(s.prompt)),
             key=lambda s: s.t_admit,
         )
+        share = self.engine.share_prefixes
         for s in joining:
             if budget <= 0:
                 break
+            if share:
+                ready, donor = self._shared(s, lambda o: o.cached if o.output else o.prefilled)
+                if donor is not None and ready > s.prefilled:
+                    self.cache.copy_prefix(donor.slot, s.slot, ready)
+                    s.metrics.shared_prefix += ready - s.prefilled
+                    s.prefilled = ready
+                coming = max((self._common(s, o, o.prefilled + len(c)) for o, c in plan), default=0)
+                if coming >= s.prefilled + MIN_SHARED_PREFIX:
+                    continue  # copied next step, once that row has it
             chunk = s.prompt[s.prefilled : s.prefilled + budget]
             plan.append((s, chunk))
             budget -= len(chunk)
         return plan
+
+    def _shared(self, s: Sequence, cached_of) -> tuple[int, Sequence | None]:
+        """The longest prefix of `s`'s prompt another row holds in the cache, and that row."""
+        best, donor = 0, None
+        for o in self.rows:
+            if o is not None and o is not s:
+                n = self._common(s, o, cached_of(o))
+                if n > best:
+                    best, donor = n, o
+        return (best, donor) if best >= MIN_SHARED_PREFIX else (0, None)
+
+    @staticmethod
+    def _common(s: Sequence, o: Sequence, have: int) -> int:
+        """Prompt tokens `s` shares with the first `have` cached tokens of row `o` (never its
+        whole prompt: the last token is always computed, for the first token's logits)."""
+        p, q = s.prompt, o.prompt
+        limit = min(len(p) - 1, len(q), have)
+        n = 0
+        while n < limit and p[n] == q[n]:
+            n += 1
+        return n
 
     def _first_tokens(self, prefill, logits: mx.array) -> mx.array | None:
         done = [i for i, (s, c) in enumerate(prefill) if s.prefilled + len(c) == len(s.prompt)]
@@ -770,20 +811,22 @@ class StepPlan:
     drafters: list[Drafter]
 
     def segments(self) -> Iterator[tuple[Segment, SegmentView]]:
-        """The verify segments: rows from layer 0, then rows whose hidden states enter later."""
-        groups: dict[int, list[int]] = {}
+        """The verify segments: rows grouped by the layer their tokens enter at (early exit
+        enters late) and by their node count. Attention runs per segment on a layout padded
+        to its longest row, so one 9-node row would make 31 one-node rows compute 9 queries
+        each; in power-of-two buckets a row pays for less than twice its own nodes (the
+        linear layers see every segment's tokens packed together either way)."""
+        groups: dict[tuple[int, int], list[int]] = {}
         start_of = {}
         for name, draft in self.drafts.items():
             if draft.hidden is not None:
                 start_of[name] = draft.start_layer
         for i, d in enumerate(self.choice):
-            start = (
-                start_of.get(d.name, 0)
-                if d is not None and i in self.members.get(d.name, [])
-                else 0
-            )
-            groups.setdefault(start, []).append(i)
-        for start, idx in sorted(groups.items()):
+            member = d is not None and i in self.members.get(d.name, [])
+            start = start_of.get(d.name, 0) if member else 0
+            nodes = 1 + (self.drafts[d.name].sizes[self.members[d.name].index(i)] if member else 0)
+            groups.setdefault((start, (nodes - 1).bit_length()), []).append(i)
+        for (start, _), idx in sorted(groups.items()):
             yield self._segment(idx, start)
 
     def _segment(self, idx: list[int], start: int) -> tuple[Segment, SegmentView]:

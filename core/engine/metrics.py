@@ -12,6 +12,7 @@ import mlx.core as mx
 @dataclass
 class RequestMetrics:
     drafter: str
+    shared_prefix: int = 0  # prompt tokens copied from another row's cache, not computed
     draft_tokens: int = 0
     accepted_tokens: int = 0
     verify_steps: int = 0
@@ -60,6 +61,7 @@ class RequestMetrics:
         phases = {k: round(v, 6) for k, v in self.phases.items()}
         return {
             "ttft_s": round(first - self.t_start, 6),
+            "shared_prefix_tokens": self.shared_prefix,
             "decode_tokens_per_s": (generated - 1) / decode
             if generated > 1 and decode > 0
             else 0.0,
