@@ -34,11 +34,6 @@ def resolve_draft(spec: str, settings: Settings) -> str:
         kind, arg = parse_draft_spec(spec)
     except ValueError as e:
         raise DraftNotAllowed(str(e)) from None
-    if kind == "tree" and arg:
-        raise DraftNotAllowed(
-            f"--draft {spec}: a static tree shape needs a draft model, which a job cannot "
-            "name yet; use tree or auto"
-        )
     if kind != "draft-model":
         return spec
     if arg in settings.model_aliases:  # the operator's own name for a model

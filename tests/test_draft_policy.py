@@ -57,5 +57,5 @@ def test_paths_and_unknown_names_are_refused(settings, spec, what):
 def test_other_refusals(settings):
     with pytest.raises(DraftNotAllowed, match="unknown drafter 'magic'"):
         resolve_draft("magic", settings)
-    with pytest.raises(DraftNotAllowed, match="static tree shape needs a draft model"):
+    with pytest.raises(DraftNotAllowed, match="unknown drafter 'tree:3,2,1'"):
         resolve_draft("tree:3,2,1", settings)

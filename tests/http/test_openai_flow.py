@@ -79,7 +79,9 @@ def test_documented_batch_flow(farm, finished):
         assert r["error"] is None and r["response"]["status_code"] == 200
         body = r["response"]["body"]
         assert body["object"] == "chat.completion" and body["model"] == farm.model
-        assert body["usage"]["completion_tokens"] >= 1
+        # a random tiny model may end an answer at once (EOS first): then it says "stop"
+        used = body["usage"]["completion_tokens"]
+        assert used >= 1 or body["choices"][0]["finish_reason"] == "stop"
         assert isinstance(body["choices"][0]["message"]["content"], str)
     assert batch.usage.output_tokens == sum(
         r["response"]["body"]["usage"]["completion_tokens"] for r in results
@@ -105,8 +107,10 @@ def test_documented_batch_flow(farm, finished):
 def test_cancel(farm):
     client = farm.client()
     total = 80
+    # Answers of very different lengths: a batch finishes its short ones long before the rest.
     lines = [
-        request_line(f"c{i}", f"Write a long story number {i}", max_tokens=32) for i in range(total)
+        request_line(f"c{i}", f"Write a long story number {i}", max_tokens=2 + 12 * i)
+        for i in range(total)
     ]
     path = write_jsonl(farm.tmp / "cancel.jsonl", lines)
     file = client.files.create(file=open(path, "rb"), purpose="batch")
