@@ -56,6 +56,11 @@ def _sizes(value: str | None, param: str) -> list[int] | None:
     show_default=True,
     help="Plain single-row greedy the identical counts compare with.",
 )
+@click.option(
+    "--reference-items",
+    type=click.IntRange(1),
+    help="Check identity on the first N items only (the reference runs on those).",
+)
 @click.option("--max-tokens", type=click.IntRange(1), help="Override every line's max_tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write JSON here.")
@@ -68,6 +73,7 @@ def bench(
     our_batch_sizes,
     rows,
     reference,
+    reference_items,
     max_tokens,
     as_json,
     output,
@@ -116,6 +122,7 @@ def bench(
             our_batches=ours,
             draft_model=dm,
             reference=reference,
+            reference_items=reference_items,
             configs=wanted,
             progress=progress,
         )

@@ -68,8 +68,8 @@ def tiny_model(
     vocab_size: int = 259,
     hidden_size: int = 64,
     num_layers: int = 4,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_heads: int = 2,  # head_dim 32: MLX's CUDA RoPE fails below 32 (grid limit)
+    num_kv_heads: int = 1,
     intermediate_size: int = 128,
     tie_word_embeddings: bool = False,
     layer_scale: float = 4.0,

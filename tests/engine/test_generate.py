@@ -128,9 +128,9 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, tokeniz
     V = 6
     kw = dict(
         vocab_size=V,
-        hidden_size=16,
+        hidden_size=32,
         num_layers=3,
-        num_heads=2,
+        num_heads=1,
         num_kv_heads=1,
         intermediate_size=32,
         layer_scale=2.0,
