@@ -44,6 +44,7 @@ from .sampling import GenerationParams, choose, row_seed
 from .scorer import Segment, check_supported, forward
 from .sequence import Sequence
 
+GREEDY = GenerationParams()
 DEFAULT_BATCH_LIMIT = 256  # rows at most when the batch size is chosen from the surface
 MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
 
@@ -657,7 +658,8 @@ class Batch:
                 drafts[d.name] = sub.truncate([ks[i] for i in idx])
             else:
                 drafts[d.name] = d.propose([decode[i] for i in idx], [ks[i] for i in idx])
-        return StepPlan(decode, choice, drafts, members, self.drafters)
+        static = self.capacity if self.cache.pad > 1 else None
+        return StepPlan(decode, choice, drafts, members, self.drafters, static)
 
     def _offer(self, d: Drafter, s: Sequence, i: int, lookups, cap: int) -> Offer | None:
         pol: RowPolicy = s.stats[d.name]
@@ -697,7 +699,8 @@ class Batch:
         for view, pick in zip(views, picks, strict=True):
             off = 0
             for i, n in zip(view.index, view.sizes, strict=True):
-                row_choice[i] = pick[off : off + n]
+                if i is not None:
+                    row_choice[i] = pick[off : off + n]
                 off += n
         paths: dict[str, list[list[int]]] = {name: [] for name in plan.drafts}
         moves_rows, moves_paths = [], []
@@ -793,7 +796,7 @@ class Batch:
 class SegmentView:
     """Which decoding rows a verify segment holds and how to choose their tokens."""
 
-    index: list[int]  # rows of the step's decode list, in segment order
+    index: list[int | None]  # rows of the step's decode list, in segment order (None: dummy)
     sizes: list[int]  # nodes per row (pending token + drafts)
     params: list[GenerationParams]  # per node
     seeds: np.ndarray  # (N,) per node
@@ -809,6 +812,7 @@ class StepPlan:
     drafts: dict[str, Draft]
     members: dict[str, list[int]]  # drafter name -> rows of `decode` it drafted for
     drafters: list[Drafter]
+    static: int | None = None  # every slot in one segment (CUDA): the batch's capacity
 
     def segments(self) -> Iterator[tuple[Segment, SegmentView]]:
         """The verify segments: rows grouped by the layer their tokens enter at (early exit
@@ -826,16 +830,37 @@ class StepPlan:
             start = start_of.get(d.name, 0) if member else 0
             nodes = 1 + (self.drafts[d.name].sizes[self.members[d.name].index(i)] if member else 0)
             groups.setdefault((start, (nodes - 1).bit_length()), []).append(i)
+        if self.static and not start_of:
+            # CUDA: attention graphs are built per shape (cuDNN), so every slot takes part,
+            # in slot order, with a query count rounded to a power of two; slots with no
+            # decoding row verify a dummy token whose result is dropped.
+            by_slot = {self.decode[i].slot: i for i in range(len(self.decode))}
+            entries = [(by_slot.get(slot), slot) for slot in range(self.static)]
+            longest = max(g for _, g in groups) if groups else 0
+            yield self._segment(entries, 0, min_w=1 << longest)
+            return
         for (start, _), idx in sorted(groups.items()):
-            yield self._segment(idx, start)
+            yield self._segment([(i, self.decode[i].slot) for i in idx], start)
 
-    def _segment(self, idx: list[int], start: int) -> tuple[Segment, SegmentView]:
+    def _segment(
+        self, entries: list[tuple[int | None, int]], start: int, min_w: int = 1
+    ) -> tuple[Segment, SegmentView]:
+        """A segment of (decode row or None for a dummy, slot) entries."""
         tokens, parents, sizes = [], [], []
         dev_src: list[tuple[str, int, int, int]] = []  # (drafter, segment row, its row, k)
         hidden = []
         any_tree = False
         params, seeds, positions = [], [], []
-        for r, i in enumerate(idx):
+        idx = [i for i, _ in entries]
+        for r, (i, _slot) in enumerate(entries):
+            if i is None:  # a dummy: one token, its logits unused
+                tokens.append([0])
+                parents.append([-1])
+                sizes.append(1)
+                params.append(GREEDY)
+                seeds.append(0)
+                positions.append(0)
+                continue
             s = self.decode[i]
             d = self.choice[i]
             draft = self.drafts.get(d.name) if d is not None else None
@@ -882,12 +907,13 @@ class StepPlan:
                 parts.append(np.arange(offs[j], offs[j + 1]))
             hid = self.drafts[hidden[0][0]].hidden[mx.array(np.concatenate(parts).astype(np.int32))]
         seg = Segment(
-            rows=[self.decode[i].slot for i in idx],
+            rows=[slot for _, slot in entries],
             tokens=tokens,
             parents=parents if any_tree else None,
             ids=ids,
             hidden=hid,
             start_layer=start,
+            min_w=min_w,
         )
         view = SegmentView(idx, sizes, params, np.array(seeds, np.uint32), np.array(positions))
         return seg, view

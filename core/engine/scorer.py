@@ -63,6 +63,7 @@ class Segment:
     hidden: mx.array | None = None
     start_layer: int = 0
     logits: str = "all"
+    min_w: int = 1  # attention's query count at least this (a fixed shape)
 
     @property
     def sizes(self) -> list[int]:
@@ -108,7 +109,7 @@ LONG = 16  # query counts above this (prompt chunks) are padded like the key rea
 
 
 def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
-    R, w = len(seg.rows), max(seg.sizes)
+    R, w = len(seg.rows), max(max(seg.sizes), seg.min_w)
     if cache.pad > 1 and w > LONG:  # CUDA: a few query counts, not one per prompt length
         w = -(-w // cache.pad) * cache.pad
     lengths = cache.lengths[seg.rows]  # (R,)

@@ -300,3 +300,20 @@ def test_rows_sharing_a_prompt_prefix_copy_it_and_generate_the_same(make_tiny):
     )
     alone = Engine(target, draft="ngram", surface=FLAT, batch_size=3, share_prefixes=False)
     assert all(r.timing["shared_prefix_tokens"] == 0 for r in alone.generate_many(reqs))
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "auto"])
+def test_cuda_shapes_change_nothing(drafter, make_tiny, monkeypatch):
+    """With padded reads (the CUDA layout, forced here) every slot verifies in one segment of
+    a fixed query count, empty slots with a dummy token: each row still equals itself alone."""
+    monkeypatch.setenv("APPLESPEC_KV_PAD", "8")
+    target = make_tiny(7)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=10 + 6 * i))
+        for i, p in enumerate(PROMPTS)
+    ]
+    monkeypatch.setenv("APPLESPEC_KV_PAD", "0")
+    want = [plain(target, p, q) for p, q in reqs]
+    monkeypatch.setenv("APPLESPEC_KV_PAD", "8")
+    got = engine(target, drafter, make_tiny, batch=4).generate_many(reqs)
+    assert [r.tokens for r in got] == want
