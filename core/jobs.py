@@ -62,6 +62,13 @@ ENGINE_SUPPORTED = frozenset(
         "top_p",
         "top_k",
         "seed",
+        "stop",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
     }
 )
 # Recognised body fields the engine may never take, with the values that mean "off".
@@ -809,20 +816,31 @@ def completion_body(
     """The response object for an engine GenerationResult, with its metrics.
 
     A chat.completion, or a text_completion for a `/v1/completions` request; `model` is the
-    model that ran (whatever name the line's body used).
+    model that ran (whatever name the line's body used). One choice per answer (`n`), with
+    OpenAI's `logprobs` objects when they were asked for.
     """
-    completion = len(result.tokens)
-    if request is not None and request.url == COMPLETIONS_URL:
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
-        choice = {"text": result.text, "index": 0, "logprobs": None}
-    else:
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text}}
+    completions = request is not None and request.url == COMPLETIONS_URL
+    choices = getattr(result, "choices", None) or [result]
+    out = []
+    for i, c in enumerate(choices):
+        lp = getattr(c, "logprobs", None)
+        if completions:
+            choice = {"text": c.text, "index": i, "logprobs": _completion_logprobs(lp)}
+        else:
+            choice = {"index": i, "message": {"role": "assistant", "content": c.text}}
+            choice["logprobs"] = _chat_logprobs(lp)
+        out.append({**choice, "finish_reason": c.finish_reason})
+    head = (
+        {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion"}
+        if completions
+        else {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion"}
+    )
+    completion = sum(len(c.tokens) for c in choices)
     return {
         **head,
         "created": int(time.time()) if created is None else created,
         "model": model,
-        "choices": [{**choice, "finish_reason": result.finish_reason}],
+        "choices": out,
         "usage": {
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": completion,
@@ -830,6 +848,50 @@ def completion_body(
         },
         "speculative": dict(result.speculative),
         "timing": dict(result.timing),
+    }
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", "surrogatepass"))
+
+
+def _chat_logprobs(records: list[dict] | None) -> dict[str, Any] | None:
+    """OpenAI chat `logprobs`: {"content": [{"token", "logprob", "bytes", "top_logprobs"}]}."""
+    if records is None:
+        return None
+    return {
+        "content": [
+            {
+                "token": r["token"],
+                "logprob": r["logprob"],
+                "bytes": _token_bytes(r["token"]),
+                "top_logprobs": [
+                    {
+                        "token": t["token"],
+                        "logprob": t["logprob"],
+                        "bytes": _token_bytes(t["token"]),
+                    }
+                    for t in r["top_logprobs"]
+                ],
+            }
+            for r in records
+        ]
+    }
+
+
+def _completion_logprobs(records: list[dict] | None) -> dict[str, Any] | None:
+    """OpenAI completions `logprobs`: tokens, token_logprobs, top_logprobs, text_offset."""
+    if records is None:
+        return None
+    offsets, at = [], 0
+    for r in records:
+        offsets.append(at)
+        at += len(r["token"])
+    return {
+        "tokens": [r["token"] for r in records],
+        "token_logprobs": [r["logprob"] for r in records],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in r["top_logprobs"]} for r in records],
+        "text_offset": offsets,
     }
 
 

@@ -123,18 +123,9 @@ BAD_LINES = [
     (chat(seed=2**64), "invalid_parameter", "body.seed"),
     (chat(max_tokens=40_000), "invalid_parameter", "above this farm's limit of 32768"),
     (chat(max_tokens=5, max_completion_tokens=6), "invalid_parameter", "disagree"),
-    (chat(stop="\n"), "unsupported_parameter", "body.stop is not supported"),
-    (chat(stop=[[13, 10]]), "unsupported_parameter", "body.stop"),
-    (chat(n=2), "unsupported_parameter", "body.n"),
-    (chat(logprobs=True), "unsupported_parameter", "body.logprobs"),
-    (chat(logprobs=True, top_logprobs=2), "unsupported_parameter", "body.logprobs"),
-    (chat(frequency_penalty=0.5), "unsupported_parameter", "body.frequency_penalty"),
-    (chat(presence_penalty=-1), "unsupported_parameter", "body.presence_penalty"),
-    (chat(logit_bias={"50256": -100}), "unsupported_parameter", "body.logit_bias"),
     (chat(response_format={"type": "json_object"}), "unsupported_parameter", "response_format"),
     (chat(stream=True), "unsupported_parameter", "body.stream"),
     (chat(tools=[{"type": "function"}]), "unsupported_parameter", "body.tools"),
-    (json.dumps({"custom_id": "a", "prompt": "x", "n": 3}), "unsupported_parameter", "n is not"),
     (
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
         "unsupported_parameter",
@@ -184,18 +175,6 @@ BAD_LINES = [
         ),
         "unsupported_parameter",
         "several prompts",
-    ),
-    (
-        json.dumps(
-            {
-                "custom_id": "a",
-                "method": "POST",
-                "url": "/v1/completions",
-                "body": {"prompt": "x", "logprobs": 2},
-            }
-        ),
-        "unsupported_parameter",
-        "body.logprobs",
     ),
     (
         json.dumps(
@@ -371,6 +350,14 @@ def test_one_field_set_says_what_the_engine_supports():
         assert "body." in errors[0].message
 
 
+def test_completions_logprobs_is_a_count_of_alternatives():
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions"}
+    line["body"] = {"prompt": "x", "logprobs": 2}
+    (request,), errors = parse_job([json.dumps(line)])
+    assert not errors
+    assert request.params["logprobs"] is True and request.params["top_logprobs"] == 2
+
+
 def test_a_field_the_lead_adds_to_the_set_flows_into_params(monkeypatch):
     monkeypatch.setattr(jobs, "ENGINE_SUPPORTED", ENGINE_SUPPORTED | {"stop", "n"})
     (request,), errors = parse_job([chat("a", stop=["\n\n", [13]], n=3)])
@@ -387,8 +374,8 @@ def test_run_request_never_drops_a_parameter_the_engine_lacks():
 
     request = JobRequest(1, "a", prompt="p")
     assert run_request(Engine(), request).max_tokens == 256
-    request.params["stop"] = ["x"]
-    with pytest.raises(ValueError, match="does not take 'stop'"):
+    request.params["response_format"] = {"type": "json_object"}
+    with pytest.raises(ValueError, match="does not take 'response_format'"):
         run_request(Engine(), request)
 
 
@@ -529,9 +516,38 @@ def test_output_lines_follow_the_batch_format():
     b = ok["response"]["body"]
     assert b["object"] == "chat.completion" and b["model"] == "tiny-random"
     assert b["choices"] == [
-        {"index": 0, "message": {"role": "assistant", "content": "abc"}, "finish_reason": "length"}
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "abc"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
     ]
     assert b["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
     assert b["speculative"]["drafter"] == "ngram" and b["timing"]["total_s"] == 0.5
     bad = output_line("batch_abc", 1, "x", error={"code": "invalid_json", "message": "line 1: ..."})
     assert bad["response"] is None and bad["error"]["code"] == "invalid_json"
+
+
+def test_openai_sampling_fields_reach_the_engine():
+    """stop, n, logprobs, top_logprobs, penalties and logit_bias are parsed, normalized and
+    handed to the engine's GenerationParams (response_format is still refused)."""
+    from core.jobs import generation_params
+
+    line = chat(
+        stop="\n",
+        n=2,
+        logprobs=True,
+        top_logprobs=3,
+        frequency_penalty=0.5,
+        presence_penalty=-1,
+        logit_bias={"50256": -100},
+    )
+    (r,), errors = parse_job([line])
+    assert errors == []
+    p = generation_params(r)
+    assert p.stop == ["\n"] and p.n == 2 and p.logprobs and p.top_logprobs == 3
+    assert (p.frequency_penalty, p.presence_penalty) == (0.5, -1.0)
+    assert p.logit_bias == {"50256": -100.0}
+    (r,), _ = parse_job([json.dumps({"custom_id": "a", "prompt": "x", "n": 3, "stop": [[13, 10]]})])
+    assert generation_params(r).n == 3 and generation_params(r).stop == [[13, 10]]

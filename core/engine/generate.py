@@ -22,9 +22,9 @@ rounding, which depends on how many rows share a matmul; see the bench's gap che
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -40,7 +40,7 @@ from .drafters.base import Draft, Drafter
 from .loading import load_model
 from .metrics import RequestMetrics
 from .model import LoadedModel
-from .sampling import GenerationParams, choose, row_seed
+from .sampling import GenerationParams, adjust, choose, row_seed, token_logprobs
 from .scorer import Segment, check_supported, forward
 from .sequence import Sequence
 
@@ -50,14 +50,26 @@ MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
 
 
 @dataclass
+class Choice:
+    """One answer: its tokens (EOS and a stop sequence excluded), text, why it ended, and
+    per token (when asked) {"token", "id", "logprob", "top_logprobs": [...]}."""
+
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[dict] | None = None
+
+
+@dataclass
 class GenerationResult:
-    tokens: list[int]  # generated ids, EOS excluded
+    tokens: list[int]  # the first answer's generated ids, EOS excluded
     text: str
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     speculative: dict
     timing: dict
     tag: Any = None
+    choices: list[Choice] = field(default_factory=list)  # all `n` answers
 
 
 def parse_draft_spec(spec: str) -> tuple[str, str | None]:
@@ -267,18 +279,25 @@ class Batch:
             raise ValueError("empty prompt")
         if len(prompt) >= ctx:
             raise ValueError(f"prompt has {len(prompt)} tokens; the model's context is {ctx}")
-        seq = Sequence(
-            prompt=list(prompt),
-            params=params,
-            max_tokens=min(params.max_tokens, ctx - len(prompt)),
-            seed=row_seed(params),
-            tag=tag,
-            metrics=RequestMetrics(drafter=self.engine.draft_spec),
-            isolate=isolate,
-            on_admit=on_admit,
-        )
-        self.queue.append(seq)
-        return seq
+        group = _Group(params.n) if params.n > 1 else None
+        base = row_seed(params)
+        for i in range(params.n):
+            seed = base if i == 0 else (base + i if params.seed is not None else row_seed(params))
+            seq = Sequence(
+                prompt=list(prompt),
+                params=params,
+                max_tokens=min(params.max_tokens, ctx - len(prompt)),
+                seed=seed & 0xFFFFFFFF,
+                tag=tag,
+                metrics=RequestMetrics(drafter=self.engine.draft_spec),
+                group=group,
+                isolate=isolate,
+                on_admit=on_admit if i == 0 else None,
+            )
+            self.queue.append(seq)
+            if group is not None:
+                group.seqs.append(seq)
+        return group.seqs[0] if group is not None else seq
 
     @property
     def active(self) -> int:
@@ -301,8 +320,12 @@ class Batch:
             return self._step()
 
     def _step(self) -> list[GenerationResult]:
-        if not self.drafters and self.engine.pipeline:
+        if not self.drafters and self.engine.pipeline and not self._needs_sync():
             return self._step_plain()
+        if self._lag is not None:  # leaving double buffering: read the step in flight first
+            rows, tokens = self._lag
+            self._lag = None
+            self._commit_plain(rows, tokens.tolist())
         eng = self.engine
         self._admit()
         prefill = self._prefill_plan()
@@ -326,11 +349,14 @@ class Batch:
         outs = forward(self.target.model, self.cache, segments)
         if eng.profile:
             mx.eval(outs)
-        picks = [self._choices(v, o) for v, o in zip(views, outs, strict=False)]
-        first = None
+        chosen = [self._choices(v, o) for v, o in zip(views, outs, strict=False)]
+        picks = [c for c, _ in chosen]
+        lps = [lp for _, lp in chosen]
+        first, first_lp = None, None
         if prefill:
-            first = self._first_tokens(prefill, outs[-1])
+            first, first_lp = self._first_tokens(prefill, outs[-1])
         pending = [*picks, *([first] if first is not None else [])]
+        pending += [a for lp in [*lps, first_lp] if lp is not None for a in lp]
         pending += [
             d.tokens
             for d in (plan.drafts.values() if plan else [])
@@ -344,9 +370,14 @@ class Batch:
         t3 = time.perf_counter()
         cache_s = 0.0
         if plan is not None:
-            cache_s = self._commit(plan, [p.tolist() for p in picks], views)
+            host_lps = [None if lp is None else [a.tolist() for a in lp] for lp in lps]
+            cache_s = self._commit(plan, [p.tolist() for p in picks], views, host_lps)
         if prefill:
-            self._commit_prefill(prefill, first.tolist() if first is not None else None)
+            self._commit_prefill(
+                prefill,
+                first.tolist() if first is not None else None,
+                None if first_lp is None else [a.tolist() for a in first_lp],
+            )
         t4 = time.perf_counter()
         if plan is not None:
             # Each row's share of the step. Unprofiled, the device's forward time is in
@@ -360,6 +391,12 @@ class Batch:
                 ph["cache_s"] += cache_s * share
         self.steps += 1
         return results if eng.overlap else self._results()
+
+    def _needs_sync(self) -> bool:
+        """Rows whose next token needs the host first (penalties count the last token) or
+        whose log-probabilities are read: plain decoding then syncs every step."""
+        live = [r for r in self.rows if r is not None] + list(self.queue)
+        return any(r.params.adjusts or r.params.logprobs for r in live)
 
     def _step_plain(self) -> list[GenerationResult]:
         """Plain decoding, double-buffered like mlx-lm: this step is queued on the device
@@ -409,7 +446,7 @@ class Batch:
                     self.cache.lengths[s.slot] += len(c)
                 done = [i for i, (s, _) in enumerate(prefill) if s.prefilled == len(s.prompt)]
                 if done:
-                    first = self._first_tokens_of(
+                    first, _ = self._first_tokens_of(
                         [prefill[i][0] for i in done], outs[-1], done, len(prefill)
                     )
                     picks.append(first)
@@ -426,7 +463,6 @@ class Batch:
         return results
 
     def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
-        eos = self.target.eos_token_ids
         now = time.perf_counter()
         B = len(rows)
         for s, t in zip(rows, tokens, strict=True):
@@ -437,12 +473,9 @@ class Batch:
             else:
                 s.metrics.record_step("none", 0, 0, 1)
                 s.batch_rows += B
-            if t in eos:
-                self._finish(s, "stop")
-                continue
-            s.output.append(t)
-            if len(s.output) >= s.max_tokens:
-                self._finish(s, "length")
+            reason = self._emit(s, [t], None)
+            if reason is not None:
+                self._finish(s, reason)
 
     # -- admission and prefill --------------------------------------------------------
 
@@ -555,36 +588,44 @@ class Batch:
             n += 1
         return n
 
-    def _first_tokens(self, prefill, logits: mx.array) -> mx.array | None:
+    def _first_tokens(self, prefill, logits: mx.array):
         done = [i for i, (s, c) in enumerate(prefill) if s.prefilled + len(c) == len(s.prompt)]
         if not done:
-            return None
+            return None, None
         return self._first_tokens_of([prefill[i][0] for i in done], logits, done, len(prefill))
 
     @staticmethod
-    def _first_tokens_of(seqs, logits: mx.array, done: list[int], rows: int) -> mx.array:
-        """The first generated token of rows whose prompt is now in the cache."""
+    def _first_tokens_of(seqs, logits: mx.array, done: list[int], rows: int):
+        """The first generated token of rows whose prompt is now in the cache (and the
+        log-probabilities asked for, else None)."""
         picked = logits[mx.array(done)] if len(done) < rows else logits
         pos = np.array([len(s.prompt) for s in seqs])
         seeds = np.array([s.seed for s in seqs], dtype=np.uint32)
-        return choose(picked, [s.params for s in seqs], seeds, pos)
+        params = [s.params for s in seqs]
+        picked = adjust(
+            picked,
+            [(j, t, d) for j, p in enumerate(params) for t, d in p.adjustments(Counter()).items()],
+        )
+        tokens = choose(picked, params, seeds, pos)
+        lp = None
+        if any(p.logprobs for p in params):
+            lp = token_logprobs(picked, params, tokens, max(p.top_logprobs for p in params))
+        return tokens, lp
 
-    def _commit_prefill(self, prefill, first: list[int] | None) -> None:
-        firsts = iter(first or [])
+    def _commit_prefill(self, prefill, first: list[int] | None, lp=None) -> None:
+        firsts = iter(enumerate(first or []))
         now = time.perf_counter()
         for s, chunk in prefill:
             s.prefilled += len(chunk)
             self.cache.lengths[s.slot] += len(chunk)
             if s.prefilled < len(s.prompt):
                 continue
-            t = next(firsts)
+            j, t = next(firsts)
             s.metrics.t_first = now
-            if t in self.target.eos_token_ids:
-                self._finish(s, "stop")
-                continue
-            s.output.append(t)
-            if len(s.output) >= s.max_tokens:
-                self._finish(s, "length")
+            record = [self._lp_record(lp, j, t)] if lp is not None and s.params.logprobs else None
+            reason = self._emit(s, [t], record)
+            if reason is not None:
+                self._finish(s, reason)
                 continue
             for d in self.drafters:
                 d.admit(s)
@@ -674,7 +715,8 @@ class Batch:
                 else pol.stats.gains(n)
             )
         else:
-            if cap == 0:
+            # A penalised row's adjustment depends on the drafted tokens: only host drafts.
+            if cap == 0 or s.params.frequency_penalty or s.params.presence_penalty:
                 return None
             gains = pol.stats.gains(cap)
         forced = min(K_INIT, len(gains)) if pol.warming() else 0
@@ -682,13 +724,20 @@ class Batch:
 
     # -- verification -----------------------------------------------------------------
 
-    def _choices(self, view: SegmentView, logits: mx.array) -> mx.array:
-        """The target's token after every node of a segment (packed, row-major)."""
-        return choose(logits, view.params, view.seeds, view.positions)
+    def _choices(self, view: SegmentView, logits: mx.array):
+        """The target's token after every node of a segment (packed, row-major), and the
+        log-probabilities asked for (None when no row asked)."""
+        logits = adjust(logits, view.adjust)
+        picks = choose(logits, view.params, view.seeds, view.positions)
+        lp = None
+        if view.top_logprobs is not None:
+            lp = token_logprobs(logits, view.params, picks, view.top_logprobs)
+        return picks, lp
 
-    def _commit(self, plan: StepPlan, picks: list[list[int]], views: list[SegmentView]) -> float:
+    def _commit(
+        self, plan: StepPlan, picks: list[list[int]], views: list[SegmentView], lps: list
+    ) -> float:
         """Keep each row's accepted nodes; returns the seconds spent compacting caches."""
-        eos = self.target.eos_token_ids
         dev_tokens = {
             name: d.tokens.tolist()
             for name, d in plan.drafts.items()
@@ -696,11 +745,14 @@ class Batch:
         }
         # Per row: its choices (k + 1) from the segment it was verified in.
         row_choice: dict[int, list[int]] = {}
-        for view, pick in zip(views, picks, strict=True):
+        row_lp: dict[int, list] = {}  # per row, per node: the logprob record of its choice
+        for view, pick, lp in zip(views, picks, lps, strict=True):
             off = 0
             for i, n in zip(view.index, view.sizes, strict=True):
                 if i is not None:
                     row_choice[i] = pick[off : off + n]
+                    if lp is not None and plan.decode[i].params.logprobs:
+                        row_lp[i] = [self._lp_record(lp, off + j, pick[off + j]) for j in range(n)]
                 off += n
         paths: dict[str, list[list[int]]] = {name: [] for name in plan.drafts}
         moves_rows, moves_paths = [], []
@@ -734,14 +786,13 @@ class Batch:
             )
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + len(path)
-            for t in emitted:
-                if t in eos:
-                    finished.append((s, "stop"))
-                    break
-                s.output.append(t)
-                if len(s.output) >= s.max_tokens:
-                    finished.append((s, "length"))
-                    break
+            lps = None
+            if i in row_lp:  # the emitted tokens are the target's choices after these nodes
+                nodes = [0] + [p + 1 for p in path]
+                lps = [row_lp[i][n] for n in nodes]
+            reason = self._emit(s, emitted, lps)
+            if reason is not None:
+                finished.append((s, reason))
         c0 = time.perf_counter()
         if moves_rows:  # before the lengths moved on: compact reads them as the base
             for r, p in zip(moves_rows, moves_paths, strict=True):
@@ -759,6 +810,47 @@ class Batch:
             self._finish(seq, reason)
         return cache_s
 
+    def _emit(self, s: Sequence, tokens: list[int], lps: list | None) -> str | None:
+        """Append a row's new tokens in order; the finish reason at the first that ends it
+        (EOS, a stop sequence, max_tokens), else None. Tokens past it are dropped: a draft
+        that crosses a stop sequence is cut there."""
+        eos = self.target.eos_token_ids
+        stops = s.params.stop
+        for j, t in enumerate(tokens):
+            if t in eos:
+                return "stop"
+            s.output.append(t)
+            if lps is not None:
+                s.logprobs.append(lps[j])
+            for stop in stops:
+                if isinstance(stop, list) and s.output[-len(stop) :] == stop:
+                    del s.output[-len(stop) :]  # the stop sequence is not part of the answer
+                    del s.logprobs[len(s.output) :]
+                    return "stop"
+            if any(isinstance(x, str) for x in stops):
+                text = self.target.decode(s.output)
+                cuts = [text.find(x) for x in stops if isinstance(x, str) and x in text]
+                if cuts:
+                    s.text_end = min(cuts)
+                    return "stop"
+            if len(s.output) >= s.max_tokens:
+                return "length"
+        return None
+
+    def _lp_record(self, lp, node: int, token: int) -> dict:
+        """{"token", "id", "logprob", "top_logprobs"} of the token chosen at `node`."""
+        picked, top_ids, top_lps = lp
+        dec = self.target.decode
+        return {
+            "token": dec([token]),
+            "id": token,
+            "logprob": picked[node],
+            "top_logprobs": [
+                {"token": dec([t]), "id": t, "logprob": v}
+                for t, v in zip(top_ids[node], top_lps[node], strict=True)
+            ],
+        }
+
     # -- finishing --------------------------------------------------------------------
 
     def _finish(self, s: Sequence, reason: str) -> None:
@@ -774,22 +866,52 @@ class Batch:
         done, self._done = self._done, []
         out = []
         for s in done:
-            timing = s.metrics.timing(len(s.output))
-            steps = s.metrics.verify_steps
-            timing["batch_size"] = round(s.batch_rows / steps, 2) if steps else 1.0
-            timing["engine_wait_s"] = round((s.t_admit or s.t_submit) - s.t_submit, 6)
-            out.append(
-                GenerationResult(
-                    tokens=list(s.output),
-                    text=self.target.decode(s.output),
-                    finish_reason=s.finish_reason,
-                    prompt_tokens=len(s.prompt),
-                    speculative=s.metrics.speculative(),
-                    timing=timing,
-                    tag=s.tag,
-                )
-            )
+            if s.group is not None:
+                s.group.finished.append(s)
+                if len(s.group.finished) < len(s.group.seqs):
+                    continue  # the request's other answers are still running
+                seqs = s.group.seqs
+            else:
+                seqs = [s]
+            out.append(self._result(seqs))
         return out
+
+    def _result(self, seqs: list[Sequence]) -> GenerationResult:
+        choices = []
+        for s in seqs:
+            text = self.target.decode(s.output)
+            if s.text_end is not None:
+                text = text[: s.text_end]
+            lp = list(s.logprobs) if s.params.logprobs else None
+            choices.append(Choice(list(s.output), text, s.finish_reason, lp))
+        first = seqs[0]
+        timing = first.metrics.timing(len(first.output))
+        steps = first.metrics.verify_steps
+        timing["batch_size"] = round(first.batch_rows / steps, 2) if steps else 1.0
+        timing["engine_wait_s"] = round((first.t_admit or first.t_submit) - first.t_submit, 6)
+        speculative = first.metrics.speculative()
+        if len(seqs) > 1:  # the answers' draft counts together
+            for key in ("draft_tokens", "accepted_tokens", "verify_steps"):
+                speculative[key] = sum(s.metrics.speculative()[key] for s in seqs)
+        return GenerationResult(
+            tokens=choices[0].tokens,
+            text=choices[0].text,
+            finish_reason=choices[0].finish_reason,
+            prompt_tokens=len(first.prompt),
+            speculative=speculative,
+            timing=timing,
+            tag=first.tag,
+            choices=choices,
+        )
+
+
+@dataclass
+class _Group:
+    """The `n` answers of one request."""
+
+    n: int
+    seqs: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
 
 
 @dataclass
@@ -801,6 +923,8 @@ class SegmentView:
     params: list[GenerationParams]  # per node
     seeds: np.ndarray  # (N,) per node
     positions: np.ndarray  # (N,) absolute position of the token chosen after each node
+    adjust: list[tuple[int, int, float]] = field(default_factory=list)  # (node, token, delta)
+    top_logprobs: int | None = None  # log-probabilities wanted (with this many alternatives)
 
 
 @dataclass
@@ -852,6 +976,8 @@ class StepPlan:
         any_tree = False
         params, seeds, positions = [], [], []
         idx = [i for i, _ in entries]
+        adjust: list[tuple[int, int, float]] = []
+        lp_k: int | None = None
         for r, (i, _slot) in enumerate(entries):
             if i is None:  # a dummy: one token, its logits unused
                 tokens.append([0])
@@ -880,6 +1006,18 @@ class StepPlan:
                     node_parents += list(range(k))
                 if draft.hidden is not None:
                     hidden.append((d.name, j))
+            if s.params.adjusts or s.params.logprobs:
+                node0 = len(params)
+                if s.params.logprobs:
+                    lp_k = max(lp_k or 0, s.params.top_logprobs)
+                if s.params.adjusts:  # per node: the output so far + the draft tokens on its path
+                    counts = Counter(s.output)
+                    here = [Counter() for _ in node_tokens]
+                    for j in range(1, len(node_tokens)):
+                        here[j] = here[node_parents[j]] + Counter([node_tokens[j]])
+                    for j in range(len(node_tokens)):
+                        for t, delta in s.params.adjustments(counts + here[j]).items():
+                            adjust.append((node0 + j, t, delta))
             tokens.append(node_tokens)
             parents.append(node_parents)
             sizes.append(k + 1)
@@ -915,7 +1053,9 @@ class StepPlan:
             start_layer=start,
             min_w=min_w,
         )
-        view = SegmentView(idx, sizes, params, np.array(seeds, np.uint32), np.array(positions))
+        view = SegmentView(
+            idx, sizes, params, np.array(seeds, np.uint32), np.array(positions), adjust, lp_k
+        )
         return seg, view
 
 

@@ -1,15 +1,18 @@
 """Generation parameters and the target distribution they define.
 
-Greedy (temperature 0) is argmax of the raw logits. Otherwise the target distribution is
-softmax(logits / T) restricted by top-k and top-p (mlx-lm's own filters); speculative
-sampling reproduces exactly that distribution, and draft models sample from the same
-transform of their own logits.
+The target's logits are first adjusted as OpenAI defines it: `logit_bias` added, and for each
+token already generated `frequency_penalty` times its count plus `presence_penalty` once
+subtracted (`adjustments`). Greedy (temperature 0) is the argmax of the adjusted logits;
+otherwise the target distribution is softmax(adjusted / T) restricted by top-k and top-p
+(mlx-lm's own filters). The adjustment of a draft node counts the tokens on its path, so
+verification scores every node exactly as plain decoding would at that position.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +29,13 @@ class GenerationParams:
         top_p: nucleus mass in (0, 1]; 1 = off.
         top_k: keep the k most likely tokens; 0 = off.
         seed: makes sampling reproducible; None = fresh randomness.
+        stop: strings and token-id sequences that end the answer (not returned).
+        n: answers to generate for the prompt (seeds seed, seed + 1, ... when seeded).
+        logprobs: report each generated token's log-probability.
+        top_logprobs: and this many most likely alternatives at each position.
+        frequency_penalty: subtracted from a token's logit per time it was generated.
+        presence_penalty: subtracted once from the logit of a token generated before.
+        logit_bias: token id (as a string) -> added to its logit.
     """
 
     max_tokens: int = 256
@@ -33,10 +43,30 @@ class GenerationParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    stop: list = field(default_factory=list)
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict = field(default_factory=dict)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether the logits are adjusted before choosing (bias or penalties)."""
+        return bool(self.logit_bias) or bool(self.frequency_penalty or self.presence_penalty)
+
+    def adjustments(self, generated: Counter) -> dict[int, float]:
+        """Token -> what is added to its logit after `generated` (token counts)."""
+        out = {int(t): float(b) for t, b in self.logit_bias.items()}
+        if self.frequency_penalty or self.presence_penalty:
+            for t, c in generated.items():
+                out[t] = out.get(t, 0.0) - self.frequency_penalty * c - self.presence_penalty
+        return out
 
 
 def log_target(logits: mx.array, params: GenerationParams) -> mx.array:
@@ -86,6 +116,38 @@ def _lowbias32(x: np.ndarray) -> np.ndarray:
     x = x ^ (x >> np.uint32(15))
     x = x * np.uint32(0x846CA68B)
     return x ^ (x >> np.uint32(16))
+
+
+def adjust(logits: mx.array, adjustments: list[tuple[int, int, float]]) -> mx.array:
+    """(M, V) logits with (row, token, delta) added (bias and penalties)."""
+    if not adjustments:
+        return logits
+    rows, toks, deltas = zip(*adjustments, strict=True)
+    add = (
+        mx.zeros(logits.shape, mx.float32)
+        .at[mx.array(rows), mx.array(toks)]
+        .add(mx.array(deltas, mx.float32))
+    )
+    return logits.astype(mx.float32) + add
+
+
+def token_logprobs(
+    logits: mx.array, params: list[GenerationParams], chosen: mx.array, k: int
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Log-probabilities of `chosen` (M,) under each row's distribution (the adjusted
+    logits; temperature, top-k and top-p applied for sampled rows), and the `k` most likely
+    tokens with theirs: ((M,), (M, k) ids, (M, k) log-probabilities)."""
+    lp = logits.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    for p, idx in param_groups(params):
+        rows = mx.array(idx)
+        lp[rows] = log_target(logits[rows], p)
+    picked = mx.take_along_axis(lp, chosen[:, None].astype(mx.int32), axis=-1)[:, 0]
+    if k <= 0:
+        empty = mx.zeros((lp.shape[0], 0))
+        return picked, empty.astype(mx.int32), empty
+    top = mx.argsort(-lp, axis=-1)[:, :k]
+    return picked, top, mx.take_along_axis(lp, top, axis=-1)
 
 
 def choose(

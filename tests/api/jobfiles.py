@@ -51,7 +51,7 @@ BAD = [
         "invalid_url",
     ),
     (chat("long", content="x" * 5000), "context_length_exceeded"),
-    (chat("st", stop="\n"), "unsupported_parameter"),
+    (chat("st", response_format={"type": "json_object"}), "unsupported_parameter"),
     (chat("cid", custom_id_is="x"), "unknown_parameter"),
 ]
 

@@ -54,7 +54,8 @@ def test_sigkilled_worker_with_default_settings_loses_nothing_and_runs_nothing_t
     """Default visibility timeout (1 h), lease, heartbeat and sweep interval: the dead worker's
     chunk comes back through its expired leases, well within 2 minutes of the kill."""
     db = f"sqlite:///{tmp_path / 'crash.db'}"
-    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="0.3")
+    # A job larger than a batch: each worker runs 4 rows at a time.
+    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="0.3", APPLESPEC_BATCH_SIZE="4")
     for name in ("APPLESPEC_SWEEP_INTERVAL", "APPLESPEC_CHUNK_SIZE"):
         env.pop(name)  # the defaults: sweep every 10 s, chunks of 8
     upgrade(db)
