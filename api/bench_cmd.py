@@ -34,6 +34,11 @@ def _sizes(value: str | None, param: str) -> list[int] | None:
     "examples/jobs/grounded-64.jsonl.",
 )
 @click.option("--draft", default="auto", show_default=True, help="Drafter of the *_spec rows.")
+@click.option(
+    "--also-draft",
+    help="More drafters side by side with --draft, comma-separated: rows "
+    "ours_batched_draft-SPEC_B (e.g. --draft suffix --also-draft ngram).",
+)
 @click.option("--draft-model", help="A draft model sharing the tokenizer (for auto / draft-model).")
 @click.option(
     "--batch-sizes",
@@ -68,6 +73,7 @@ def bench(
     model,
     input_path,
     draft,
+    also_draft,
     draft_model,
     batch_sizes,
     our_batch_sizes,
@@ -89,6 +95,7 @@ def bench(
     Examples:
       applespec bench --input examples/jobs/grounded-64.jsonl
       applespec bench --input job.jsonl --batch-sizes 16,32 --rows mlx_lm,ours_batched_spec --json
+      applespec bench --input job.jsonl --draft suffix --also-draft ngram --rows ours_batched_spec
     """
     import mlx.core as mx
 
@@ -124,6 +131,7 @@ def bench(
             reference=reference,
             reference_items=reference_items,
             configs=wanted,
+            also_draft=[d.strip() for d in (also_draft or "").split(",") if d.strip()],
             progress=progress,
         )
     except ValueError as e:  # a bad drafter spec

@@ -108,6 +108,8 @@ class Settings:
             models a job may name in `draft-model:NAME` besides the registry aliases.
         batch_size: APPLESPEC_BATCH_SIZE, rows of a worker's continuous batch; 0 = chosen
             from the machine's measured verify-cost surface.
+        share_answers: APPLESPEC_SHARE_ANSWERS=0 keeps each worker's suffix index to its own
+            answers; by default the workers of a job read each other's from the store.
         serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
             batch on when its lines name one (`model` is always served); any other body.model
             runs on `model`.
@@ -132,6 +134,7 @@ class Settings:
     draft_model_dirs: tuple[str, ...] = ()
     serve_models: tuple[str, ...] = ()
     batch_size: int = 0
+    share_answers: bool = True
 
     def __post_init__(self) -> None:
         for name, (minimum, _kind) in _NUMBERS.items():
@@ -178,8 +181,9 @@ class Settings:
                 values[name] = _parse_number(name, raw, kind)
         if get("model_aliases") is not None:
             values["model_aliases"] = parse_aliases(get("model_aliases"))
-        if get("strict_models") is not None:
-            values["strict_models"] = _parse_bool("strict_models", get("strict_models"))
+        for name in ("strict_models", "share_answers"):
+            if get(name) is not None:
+                values[name] = _parse_bool(name, get(name))
         if get("draft_model_dirs") is not None:
             dirs = [d for d in get("draft_model_dirs").split(os.pathsep) if d.strip()]
             values["draft_model_dirs"] = tuple(str(Path(d).expanduser()) for d in dirs)

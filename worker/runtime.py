@@ -43,6 +43,7 @@ class Work:
         on_admit: called when its row joins the batch (a test hook crashes here).
         tag: the caller's handle.
         id: what `cancel` names it by (an item id).
+        job: its job: rows of one job share a suffix index of the job's answers.
     """
 
     key: tuple[str, str, int | None]
@@ -53,6 +54,7 @@ class Work:
     on_admit: Callable[[], None] | None = None
     tag: Any = None
     id: Any = None
+    job: Any = None
     submitted: float = field(default_factory=time.perf_counter)
 
 
@@ -77,6 +79,7 @@ class Runtime:
         self._taken: list[Work] = []
         self._stopped = threading.Event()
         self._cancel: set[Any] = set()  # ids of works to drop if not started yet
+        self._answers: queue.Queue[tuple] = queue.Queue()  # (engine key, job, texts | None)
         self._alone = 0  # works that must run alone, submitted or waiting to be
 
     # -- models and engines (engine thread only) --------------------------------------
@@ -137,17 +140,22 @@ class Runtime:
                 lambda: self._outstanding < self._limit and not self._alone, timeout
             )
 
-    def submit_alone(self, work: Work, timeout: float | None = None) -> bool:
+    def submit_alone(
+        self, work: Work, timeout: float | None = None, settle: Callable[[], None] | None = None
+    ) -> bool:
         """Submit a work that must be the only one in this process (it was in flight when a
         worker died: if it kills this one too, nothing else is charged an attempt). Waits for
-        what runs to finish first; nothing else is taken until it is done. False on timeout
-        (nothing submitted)."""
+        what runs to finish first, then for `settle` (the writer storing their results: a
+        result still in memory would die with it); nothing else is taken until it is done.
+        False on timeout (nothing submitted)."""
         with self._room:
             self._alone += 1
             if not self._room.wait_for(lambda: self._outstanding == 0, timeout):
                 self._alone -= 1
                 self._room.notify_all()
                 return False
+        if settle is not None:
+            settle()
         done = work.done
 
         def release(w, result, error) -> None:
@@ -184,6 +192,30 @@ class Runtime:
         """Stop the works with these ids, queued or running (their job was cancelled)."""
         with self._lock:
             self._cancel |= set(ids)
+
+    def share(self, key: tuple, job: Any, texts: list[str]) -> None:
+        """Answers of `job` that other workers wrote: the engine for `key` adds them to the
+        job's suffix index (on the engine thread, between steps)."""
+        if texts:
+            self._answers.put((key, job, texts))
+
+    def forget(self, job: Any) -> None:
+        """The job is done: every engine drops its suffix index."""
+        self._answers.put((None, job, None))
+
+    def _apply_answers(self) -> None:
+        while True:
+            try:
+                key, job, texts = self._answers.get_nowait()
+            except queue.Empty:
+                return
+            if texts is None:
+                for engine in self._engines.values():
+                    engine.corpora.drop(job)
+            elif key in self._engines:
+                index = self._engines[key].corpora.get(job)
+                for text in texts:
+                    index.add(text)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every submitted item is done; False on timeout."""
@@ -233,6 +265,7 @@ class Runtime:
             new += self._pop_inbox()
             for w in new:
                 self._add(batches, w)
+            self._apply_answers()
             with self._lock:
                 cancel, self._cancel = self._cancel, set()
             if cancel:
@@ -265,7 +298,7 @@ class Runtime:
             if b is None:
                 b = batches[w.key] = engine.new_batch()
             prompt = w.prompt(engine.target) if callable(w.prompt) else w.prompt
-            b.submit(prompt, w.params, tag=w, isolate=w.isolate, on_admit=w.on_admit)
+            b.submit(prompt, w.params, tag=w, isolate=w.isolate, on_admit=w.on_admit, corpus=w.job)
         except Exception as e:  # a bad model or prompt fails this item alone
             self._deliver(w, None, e)
 

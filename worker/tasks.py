@@ -39,6 +39,7 @@ from .process import (
 from .runtime import Cancelled, Work, runtime
 
 log = logging.getLogger(__name__)
+SHARE_EVERY_S = 2.0  # how often a worker reads a job's answers stored by the others
 SHUTDOWN_DRAIN_S = (
     30.0  # rows in flight at a warm shutdown finish within this (Celery's soft timeout)
 )
@@ -77,12 +78,16 @@ def _heartbeat_in(settings: Settings, pid: int) -> Heartbeat:
 
 class Writer:
     """Stores finished items from a thread of its own (the engine thread never waits on the
-    database) and lets the heartbeat drop them."""
+    database) and lets the heartbeat drop them. After a result it reads the answers other
+    workers stored for the job since (every `SHARE_EVERY_S` per job at most) into the job's
+    suffix index, and drops the index once the job is done."""
 
     def __init__(self, settings: Settings, beat: Heartbeat):
+        self.settings = settings
         self.sessions = _sessions(settings.database_url)
         self.beat = beat
         self.worker = worker_name()
+        self._seen: dict[str, tuple[int, float]] = {}  # job -> (last result id, when read)
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="applespec-writer", daemon=True)
         self._thread.start()
@@ -120,8 +125,26 @@ class Writer:
                     store_error(session, started, error)
                 else:
                     store_result(session, started, result, self.worker)
+            if error is None:
+                self._share(started)
         finally:
             self.beat.drop([started.item_id])
+
+    def _share(self, started: Started) -> None:
+        job = started.job_id
+        after, when = self._seen.get(job, (0, 0.0))
+        if time.monotonic() - when < SHARE_EVERY_S:
+            return
+        with self.sessions() as session:
+            texts, last, done = repo.answers_since(session, job, after, not_worker=self.worker)
+        rt = runtime(self.settings.batch_size)
+        if done:
+            self._seen.pop(job, None)
+            rt.forget(job)
+            return
+        self._seen[job] = (last, time.monotonic())
+        if self.settings.share_answers:
+            rt.share(_engine_key(self.settings, started), job, texts)
 
 
 def writer(settings: Settings) -> Writer:
@@ -209,11 +232,12 @@ def run_chunk(
             on_admit=crash_hook(started.custom_id),
             tag=started,
             id=started.item_id,
+            job=job_id,
         )
         if started.attempt > 1:
             # It was running when a worker died: it may be what killed it. It runs alone,
             # so if it kills this process too no other item is charged an attempt.
-            while not rt.submit_alone(work, timeout=1.0):
+            while not rt.submit_alone(work, timeout=1.0, settle=out.flush):
                 if shutdown.requested() and app is not None:
                     break
             else:

@@ -7,7 +7,12 @@ Everything runs in one process on the same loaded model, greedy, on the whole jo
 - `ours_single`: our engine one item at a time, plain decoding (and `ours_single_spec`, the
   same with the drafter);
 - `ours_batched_B` / `ours_batched_spec_B`: our continuous batch at B rows, without and with
-  speculation; `ours_batched` / `ours_batched_spec` repeat the best.
+  speculation; `ours_batched` / `ours_batched_spec` repeat the best;
+- `ours_batched_draft-SPEC_B`: the same with another drafter (`also_draft`), side by side.
+
+Speculative rows report the mean accepted length (tokens per verify step) over the items in
+the order they finished, in the job's first and later half and as a curve over eighths of
+the job: drafters that learn from the job (`suffix`) accept more as the job goes on.
 
 Each row counts the items whose output is identical to the reference (plain single-row
 greedy: mlx-lm's `generate_step`, or `ours_single`), and for every item that differs
@@ -21,6 +26,7 @@ like with like.
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import time
@@ -62,6 +68,7 @@ class Row:
     drafted: int = 0
     accepted: int = 0
     config: str | None = None
+    curve: list[float] = field(default_factory=list)  # per item, finish order: accepted length
 
     @property
     def tokens(self) -> int:
@@ -175,6 +182,7 @@ def run_bench(
     reference: str = "mlx_lm",
     reference_items: int | None = None,
     configs: set[str] | None = None,
+    also_draft: list[str] = (),
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Run every configuration on the whole job and return the table as a dict.
@@ -211,8 +219,10 @@ def run_bench(
         t0 = time.perf_counter()
         outs, results = fn()
         row = Row(name, bs, time.perf_counter() - t0, outs)
-        for r in results:
+        for r in results:  # in the order they finished
             s = r.speculative
+            if s.get("verify_steps"):
+                row.curve.append(s["mean_accepted_length"])
             row.drafters.update(s.get("steps_by_drafter", {}))
             row.steps += s.get("verify_steps", 0)
             row.emitted += round(s.get("mean_accepted_length", 0) * s.get("verify_steps", 0))
@@ -228,10 +238,12 @@ def run_bench(
 
         def fn(job=items):
             engine.acceptance = {}
+            finished: list = []
             res = engine.generate_many(
-                [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in job]
+                [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in job],
+                on_result=finished.append,
             )
-            return [r.tokens for r in res], res
+            return [r.tokens for r in res], finished
 
         if not warm_full:  # a short warm-up: the first shapes of this configuration
             engine.generate_many([(items[0].prompt[:16], GenerationParams(max_tokens=4))])
@@ -263,13 +275,31 @@ def run_bench(
             rows.append(Row("ours_single", 1, time.perf_counter() - t0, outs))
     if "ours_single_spec" in want:
         timed("ours_single_spec", 1, ours(drafter, 1))
-    for label, spec in (("ours_batched", "none"), ("ours_batched_spec", drafter)):
-        if label in want:
+    batched = [("ours_batched", "none"), ("ours_batched_spec", drafter)]
+    if "ours_batched_spec" in want:
+        batched += [(f"ours_batched_draft-{spec}", spec) for spec in also_draft]
+    for label, spec in batched:
+        if label in want or label.startswith("ours_batched_draft-"):
             for bs in our_batches:
                 timed(f"{label}_{bs}", bs, ours(spec, bs))
     if ref_outputs is None:
         ref_outputs = next(r.outputs for r in rows if r.name == "ours_single")[: len(ref_items)]
     return summarize(rows, target, items, ref_outputs, reference, surface, drafter)
+
+
+def _curve(per_item: list[float], bins: int = 8) -> dict:
+    """Mean accepted length over the job's first and later half (finish order) and over
+    `bins` equal slices of it (empty for rows that did not speculate)."""
+    if not per_item or all(x <= 1.0 for x in per_item):
+        return {}
+    n, half = len(per_item), len(per_item) // 2
+    edges = [round(i * n / bins) for i in range(bins + 1)]
+    mean = lambda xs: round(sum(xs) / len(xs), 3) if xs else None  # noqa: E731
+    return {
+        "accepted_length_first_half": mean(per_item[:half]),
+        "accepted_length_later_half": mean(per_item[half:]),
+        "accepted_length_curve": [mean(per_item[a:b]) for a, b in itertools.pairwise(edges)],
+    }
 
 
 def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> dict:
@@ -307,9 +337,11 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
                 "drafters": dict(r.drafters),
                 "mean_accepted_length": round(r.emitted / r.steps, 3) if r.steps else None,
                 "acceptance_rate": round(r.accepted / r.drafted, 3) if r.drafted else None,
+                **_curve(r.curve),
             }
         )
-    for prefix in ("mlx_lm_batch_", "ours_batched_spec_", "ours_batched_"):
+    extra = sorted({t["name"].rsplit("_", 1)[0] + "_" for t in table if "_draft-" in t["name"]})
+    for prefix in ("mlx_lm_batch_", "ours_batched_spec_", "ours_batched_", *extra):
         cands = [
             t for t in table if t["name"].startswith(prefix) and t["name"][len(prefix) :].isdigit()
         ]
@@ -365,4 +397,15 @@ def format_table(result: dict) -> str:
     )
     for b, ms in zip(surf["batches"], surf["ms"], strict=True):
         lines.append(f"  {b:>4}: " + " ".join(f"{m:8.1f}" for m in ms))
+    curves = [r for r in result["rows"] if r.get("accepted_length_curve") and "config" not in r]
+    if curves:
+        lines.append("mean accepted length by position in the job (finish order, eighths):")
+        for r in curves:
+            c = " ".join(
+                f"{x:5.2f}" if x is not None else "    -" for x in r["accepted_length_curve"]
+            )
+            lines.append(
+                f"  {r['name']:<32} {c}   first half {r['accepted_length_first_half']:.2f}"
+                f", later half {r['accepted_length_later_half']:.2f}"
+            )
     return "\n".join(lines)

@@ -37,6 +37,7 @@ from .cache import BatchKVCache
 from .costs import CostSurface, load_or_measure
 from .draft_length import K_INIT, K_MAX, PRIORS, AcceptanceStats, Offer, RowPolicy, allocate
 from .drafters.base import Draft, Drafter
+from .drafters.suffix import Corpora
 from .loading import load_model
 from .metrics import RequestMetrics
 from .model import LoadedModel
@@ -158,6 +159,8 @@ class Engine:
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
+        # Per job: the suffix index of its finished answers (`suffix` drafting).
+        self.corpora = Corpora()
 
     @classmethod
     def load(cls, model: str = "smollm2-135m", draft: str = "auto", **kw) -> Engine:
@@ -219,14 +222,21 @@ class Engine:
         capacity: int | None = None,
         on_result: Callable[[GenerationResult], None] | None = None,
     ) -> list[GenerationResult]:
-        """Every request through one continuous batch; results in request order."""
+        """Every request through one continuous batch; results in request order. The
+        requests are one job: later ones draft from earlier answers (`suffix`)."""
         batch = self.new_batch(capacity)
-        seqs = [batch.submit(p, params, tag=i) for i, (p, params) in enumerate(requests)]
+        job = object()
+        seqs = [
+            batch.submit(p, params, tag=i, corpus=job) for i, (p, params) in enumerate(requests)
+        ]
         out: list[GenerationResult | None] = [None] * len(seqs)
-        for r in batch.run():
-            out[r.tag] = r
-            if on_result is not None:
-                on_result(r)
+        try:
+            for r in batch.run():
+                out[r.tag] = r
+                if on_result is not None:
+                    on_result(r)
+        finally:
+            self.corpora.drop(job)
         return out  # type: ignore[return-value]
 
 
@@ -267,8 +277,12 @@ class Batch:
         tag: Any = None,
         isolate: bool = False,
         on_admit: Callable[[], None] | None = None,
+        corpus: Any = None,
     ) -> Sequence:
         """Queue a request; it joins the batch when a row is free.
+
+        `corpus` names its job: rows of one job share the job's suffix index (`suffix`
+        drafting), each adding its answer when it finishes.
 
         `isolate` runs it alone (nothing else admitted while it runs; it waits for the
         batch to empty): a request that was in flight when a worker died may be the one
@@ -289,6 +303,7 @@ class Batch:
                 max_tokens=min(params.max_tokens, ctx - len(prompt)),
                 seed=seed & 0xFFFFFFFF,
                 tag=tag,
+                corpus=corpus,
                 metrics=RequestMetrics(drafter=self.engine.draft_spec),
                 group=group,
                 isolate=isolate,

@@ -52,6 +52,7 @@ class Sequence:
     logprobs: list = field(default_factory=list)  # per generated token, when asked
     text_end: int | None = None  # the answer's text ends here (a stop string began)
     group: Any = None  # the request's `n` answers, when it asked for several
+    corpus: Any = None  # the job whose suffix index it drafts from and adds its answer to
     isolate: bool = False  # runs alone: no other row shares its steps
     on_admit: Any = None  # called when the row joins the batch
     t_submit: float = field(default_factory=time.perf_counter)

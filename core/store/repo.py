@@ -535,6 +535,36 @@ def storable_text(text: str, limit: int | None = None) -> str:
     return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
+def answers_since(
+    session: Session, job_id: str, after_id: int, not_worker: str | None = None, limit: int = 500
+) -> tuple[list[str], int, bool]:
+    """The answer texts of a job's results stored after result `after_id` (by workers other
+    than `not_worker`), oldest first, at most the newest `limit`; the last result id seen
+    and whether the job is done. What one worker's suffix index learns from the others'."""
+    q = (
+        select(Result.id, Result.body, Metric.worker_host)
+        .join(Item, Item.id == Result.item_id)
+        .join(Metric, Metric.item_id == Result.item_id, isouter=True)
+        .where(Item.job_id == job_id, Result.id > after_id)
+        .order_by(Result.id.desc())
+        .limit(limit)
+    )
+    rows = session.execute(q).all()[::-1]
+    last = max((r.id for r in rows), default=after_id)
+    texts = []
+    for r in rows:
+        if not_worker is not None and r.worker_host == not_worker:
+            continue
+        for choice in (r.body or {}).get("choices", []):
+            text = (
+                choice.get("text") if "text" in choice else choice.get("message", {}).get("content")
+            )
+            if text:
+                texts.append(text)
+    status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one_or_none()
+    return texts, last, status is None or status in JOB_DONE
+
+
 def open_item_ids(
     session: Session, job_id: str, statuses: Iterable[str] = ("pending",)
 ) -> list[int]:

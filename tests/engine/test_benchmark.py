@@ -36,7 +36,7 @@ def test_bench_rows_on_a_job_file(job, monkeypatch):
     target = load_tiny("tiny-random:0")
     items = load_job(target, job, None)
     assert [it.max_tokens for it in items] == [10, 11, 12, 13, 14]
-    res = run_bench(target, items, mlx_lm_batches=[2, 4], our_batches=[2, 4])
+    res = run_bench(target, items, mlx_lm_batches=[2, 4], our_batches=[2, 4], also_draft=["suffix"])
     rows = {r["name"]: r for r in res["rows"]}
     assert {
         "mlx_lm_single",
@@ -51,6 +51,9 @@ def test_bench_rows_on_a_job_file(job, monkeypatch):
         "ours_batched_spec_2",
         "ours_batched_spec_4",
         "ours_batched_spec",
+        "ours_batched_draft-suffix_2",
+        "ours_batched_draft-suffix_4",
+        "ours_batched_draft-suffix",
     } <= set(rows)
     # greedy everywhere, float32 tiny model: every row reproduces plain single-row greedy
     assert all(r["identical_rows"] == 5 and r["identical_to_mlx_lm"] for r in rows.values())
@@ -59,6 +62,17 @@ def test_bench_rows_on_a_job_file(job, monkeypatch):
     assert rows["mlx_lm_batch"]["ratio_vs_mlx_lm"] == 1.0
     assert rows["ours_batched_spec"]["drafters"]  # steps by drafter
     assert "ours_batched_spec" in format_table(res)
+    assert set(rows["ours_batched_draft-suffix_2"]["drafters"]) <= {"suffix", "none"}
+
+
+def test_accepted_length_over_the_job_halves_and_eighths():
+    from core.engine.benchmark import _curve
+
+    per_item = [1.0] * 8 + [2.0] * 8
+    c = _curve(per_item)
+    assert c["accepted_length_first_half"] == 1.0 and c["accepted_length_later_half"] == 2.0
+    assert c["accepted_length_curve"] == [1.0] * 4 + [2.0] * 4
+    assert _curve([1.0] * 5) == {}  # nothing was ever accepted: no curve
 
 
 def test_a_bench_file_that_is_not_a_job_is_one_clear_error(tmp_path):

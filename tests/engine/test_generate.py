@@ -19,6 +19,7 @@ PROMPTS = [
 ]
 DRAFTERS = [
     "ngram",
+    "suffix",
     "tree",
     "early-exit:1",
     "early-exit:3",

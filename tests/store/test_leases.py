@@ -175,3 +175,32 @@ def test_text_either_store_can_hold(sessions):
         repo.claim_item(s, a, A, 30, 3)
         repo.fail_item(s, a, "engine_error", "line 1: RuntimeError: \x00 in output")
         assert _item(s, a).error_message == "line 1: RuntimeError: \\x00 in output"
+
+
+def test_a_worker_reads_the_answers_others_stored_since_it_last_looked(sessions):
+    def body(text, url="chat"):
+        choice = {"text": text} if url == "completions" else {"message": {"content": text}}
+        return {**BODY, "choices": [{**choice, "finish_reason": "stop"}]}
+
+    with sessions() as s:
+        job, ids = _job(s, n=4)
+        for item_id, worker, text in [(ids[0], A, "from a"), (ids[1], B, '{"label": "b1"}')]:
+            item = repo.claim_item(s, item_id, worker, 30, max_attempts=3)
+            repo.finish_item(s, item, body(text), {**METRIC, "worker_host": worker})
+        s.commit()
+        texts, last, done = repo.answers_since(s, job.id, 0, not_worker=A)
+        assert texts == ['{"label": "b1"}'] and not done
+        assert repo.answers_since(s, job.id, 0)[0] == ["from a", '{"label": "b1"}']
+        # incremental: only what was stored after the last result seen
+        item = repo.claim_item(s, ids[2], B, 30, max_attempts=3)
+        repo.finish_item(s, item, body("b2", "completions"), {**METRIC, "worker_host": B})
+        s.commit()
+        texts, last2, _ = repo.answers_since(s, job.id, last, not_worker=A)
+        assert texts == ["b2"] and last2 > last
+        assert repo.answers_since(s, job.id, last2, not_worker=A)[:2] == ([], last2)
+        # bounded: the newest `limit` answers only
+        assert repo.answers_since(s, job.id, 0, limit=1)[0] == ["b2"]
+        item = repo.claim_item(s, ids[3], A, 30, max_attempts=3)
+        repo.finish_item(s, item, body("a2"), dict(METRIC))
+        s.commit()
+        assert repo.answers_since(s, job.id, last2, not_worker=A)[2]  # the job is done

@@ -123,3 +123,29 @@ def test_a_bad_model_fails_its_item_alone(_runtime):
     rt.submit(_work(1, lambda w, r, e: out.setdefault(w.tag, (r, e))))
     assert rt.drain(60)
     assert out[0][1] is not None and out[1][1] is None
+
+
+def test_answers_shared_by_other_workers_reach_the_jobs_suffix_index(_runtime):
+    """Another worker's answers, handed to `share`, are in the job's index before this
+    worker's rows of the job draft; `forget` drops the job's index."""
+    rt = _runtime(batch_size=4)
+    key = ("tiny-random:7", "suffix", None)
+    done = threading.Event()
+    rt.submit(_work(0, lambda *a: done.set(), key=key))
+    assert done.wait(60)
+    engine = rt._engines[key]
+    rt.share(key, "job-1", ["the answer of another worker", "and one more"])
+    rt.share(("tiny-random:7", "none", None), "job-1", ["an engine not running here"])
+    again = threading.Event()
+    w = _work(1, lambda *a: again.set(), key=key)
+    w.job = "job-1"
+    rt.submit(w)
+    assert again.wait(60)
+    index = engine.corpora.get("job-1")
+    texts = [t for t, weight in index.docs if weight == 1.0]
+    assert texts[:2] == ["the answer of another worker", "and one more"]
+    assert len(texts) == 3  # and this worker's own answer, added as its row finished
+    rt.forget("job-1")
+    rt.submit(_work(2, lambda *a: None, key=key))
+    assert rt.drain(60)
+    assert "job-1" not in engine.corpora

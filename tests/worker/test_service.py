@@ -119,7 +119,9 @@ def test_poison_item_is_capped_and_fails_alone(farm):
     assert poison.attempts == 2
     # Rows that shared the poison item's batch died with it once, then ran (after a
     # crash, a retried item runs alone): each completed, within two attempts.
-    assert all(i.status == "completed" and i.attempts <= 2 for i in items.values())
+    assert all(i.status == "completed" and i.attempts <= 2 for i in items.values()), {
+        k: (i.status, i.attempts, i.error_code, i.error_message) for k, i in items.items()
+    }
     assert store.job(job_id).status == "completed"
     out = tmp / "poison-out.jsonl"
     cli_ok(env, "results", job_id, "-o", str(out))
@@ -187,8 +189,10 @@ def test_redis_restart_mid_job_still_completes(tmp_path):
     redis_server = RedisServer(free_port(), tmp_path)
     redis_server.start()
     db = f"sqlite:///{tmp_path / 'restart.db'}"
-    # Two rows at a time: most chunks are still on the broker when it dies.
-    env = service_env(db, broker_url=redis_server.url, APPLESPEC_BATCH_SIZE="2")
+    # Two rows at a time, 0.3 s per item: most chunks are still on the broker when it dies.
+    env = service_env(
+        db, broker_url=redis_server.url, APPLESPEC_BATCH_SIZE="2", APPLESPEC_TEST_ITEM_DELAY="0.3"
+    )
     upgrade(db)
     model = unique_model()
     store = Store(db)

@@ -61,10 +61,17 @@ def _draft_model(engine, arg):
     return [engine.draft_model_drafter()]
 
 
+def _suffix(engine, arg):
+    from .suffix import SuffixDrafter
+
+    return [SuffixDrafter(engine)]
+
+
 def _auto(engine, arg):
-    # Prompt lookup, and the draft model when one is configured; each row uses the one
-    # whose measured acceptance promises the most tokens per unit of time.
-    out = _ngram(engine, None)
+    # Prompt lookup, the job's suffix index, and the draft model when one is configured;
+    # each row uses the one whose measured acceptance promises the most tokens per unit
+    # of time.
+    out = _ngram(engine, None) + _suffix(engine, None)
     if engine.draft_model is not None:
         out.append(engine.draft_model_drafter())
     return out
@@ -83,6 +90,7 @@ ENTRIES = [
         "early-exit", "L", "the target's first L layers draft (shared cache)", _early_exit, _layer
     ),
     Entry("draft-model", "NAME", "a small model sharing the tokenizer", _draft_model),
+    Entry("suffix", None, "the job's earlier answers: their most frequent continuation", _suffix),
     Entry("tree", None, "per-row token trees of prompt-lookup candidates", _tree),
     Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),
 ]

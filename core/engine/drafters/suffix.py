@@ -1,0 +1,332 @@
+"""Job-level suffix drafting: continue a row with what the job's finished answers wrote after
+the longest match of its recent text (SuffixDecoding, arXiv 2411.04975, on characters).
+
+A labeling job is thousands of prompts whose answers share their shape (the same keys, label
+words and phrasing); prompt lookup only copies from a row's own prompt. A `SuffixIndex` holds
+the text of the job's finished answers (weight 1) and of its prompts (weight `PROMPT_WEIGHT`),
+each document behind a run of start markers, so a row that has just begun its answer matches
+every answer's start. A query finds the positions that follow the longest suffix of the row's
+answer so far (up to `MAX_MATCH` characters), then walks the most frequent continuation
+character by character; each character's share of the weighted candidates is its confidence.
+
+Characters, not tokens: two answers that tokenize the same text differently still match. The
+continuation is re-tokenized together with the row's last tokens, so a word the row has begun
+is completed in the tokens a fresh tokenization would use; where that re-tokenization does not
+reproduce the row's own last tokens (the row split a word otherwise), the continuation's own
+tokens are proposed.
+
+The drafter is deterministic (`probs=None`): acceptance is by equality, output is lossless.
+Chances for the draft-length policy come from the counts, calibrated by this drafter's own
+measured acceptance per (share, support) bucket.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .base import Draft
+from .ngram import TAIL
+
+START, PROMPT_START, END = "\x02", "\x01", "\x03"  # an answer's start, a prompt's, any end
+KEY = 4  # characters of the hashed key; longer matches are found by extending backwards
+MAX_MATCH = 64  # longest context compared
+MIN_MATCH = 6  # shorter matches propose nothing, unless anchored at the answer's start
+PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answer's
+MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
+CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
+BLOCK = 8  # characters compared at once while every candidate agrees
+
+
+class SuffixIndex:
+    """The text of one job's documents, and an index from every `KEY`-character context to
+    the positions that follow it.
+
+    Adding documents one by one gives the same index as building it from all of them at once
+    (`rebuild`); beyond `max_chars` the oldest documents are dropped and the rest re-indexed.
+    """
+
+    def __init__(self, max_chars: int = MAX_CHARS):
+        self.max_chars = max_chars
+        self.docs: list[tuple[str, float]] = []  # (text, weight), oldest first
+        self.outputs = 0  # answers added (prompts excluded)
+        self.rebuild()
+
+    def rebuild(self, docs: list[tuple[str, float]] | None = None) -> None:
+        docs = self.docs if docs is None else docs
+        self.docs = []
+        # MAX_MATCH leading zeros: a backward comparison never reads before the start.
+        self._chars = np.zeros(MAX_MATCH + 1024, np.uint32)
+        self._weights = np.zeros_like(self._chars, dtype=np.float32)
+        self._n = MAX_MATCH
+        self._index: dict[str, array] = {}
+        for text, weight in docs:
+            self._append(text, weight)
+
+    @property
+    def chars(self) -> int:
+        """Characters held (markers included)."""
+        return self._n - MAX_MATCH
+
+    def nbytes(self) -> int:
+        """Memory held by the arrays and the position lists (the bound's measure)."""
+        lists = sum(a.itemsize * len(a) for a in self._index.values())
+        return int(self._chars.nbytes + self._weights.nbytes + lists)
+
+    def add(self, text: str, weight: float = 1.0) -> None:
+        """One finished answer (weight 1) or a prompt (`PROMPT_WEIGHT`, behind its own start
+        marker: an answer that has just begun matches answers' starts only)."""
+        if not text:
+            return
+        if weight >= 1.0:
+            self.outputs += 1
+        if self.chars + len(text) + KEY + 1 > self.max_chars:
+            keep, total = [], len(text) + KEY + 1
+            for t, w in reversed(self.docs):  # newest first, while they fit in half the bound
+                total += len(t) + KEY + 1
+                if total > self.max_chars // 2:
+                    break
+                keep.append((t, w))
+            self.rebuild(keep[::-1])
+        self._append(text, weight)
+
+    def _append(self, text: str, weight: float) -> None:
+        self.docs.append((text, weight))
+        doc = (START if weight >= 1.0 else PROMPT_START) * KEY + text + END
+        codes = np.frombuffer(doc.encode("utf-32-le"), np.uint32)
+        n0, n1 = self._n, self._n + len(codes)
+        if n1 > len(self._chars):
+            size = max(n1, 2 * len(self._chars))
+            self._chars = np.concatenate(
+                [self._chars, np.zeros(size - len(self._chars), np.uint32)]
+            )
+            self._weights = np.concatenate(
+                [self._weights, np.zeros(size - len(self._weights), np.float32)]
+            )
+        self._chars[n0:n1] = codes
+        self._weights[n0:n1] = weight
+        self._n = n1
+        index = self._index
+        for i in range(KEY, len(doc)):  # position n0 + i follows doc[i - KEY : i]
+            key = doc[i - KEY : i]
+            pos = index.get(key)
+            if pos is None:
+                index[key] = pos = array("i")
+            pos.append(n0 + i)
+
+    def continuation(self, query: str, n_chars: int) -> tuple[str, list[float], list[int]]:
+        """The most frequent continuation of the longest suffix of `query` (an answer's text so
+        far, behind `START * KEY`) that occurs in the index, up to `n_chars` characters.
+
+        Returns the text, per character its weighted share among the candidates still on the
+        path, and the number of those candidates.
+        """
+        q = np.frombuffer(query[-MAX_MATCH:].encode("utf-32-le"), np.uint32)
+        pos = self._index.get(query[-KEY:])
+        if pos is None or n_chars <= 0:
+            return "", [], []
+        cand = np.frombuffer(pos, np.int32).astype(np.int64)
+        chars, length = self._chars, KEY
+        while length < len(q):  # extend the match backwards while some candidate agrees
+            keep = cand[chars[cand - length - 1] == q[-length - 1]]
+            if keep.size == 0:
+                break
+            cand, length = keep, length + 1
+        anchored = length >= len(q) or query[-length - 1 : -length] == START
+        if length < MIN_MATCH and not anchored:
+            return "", [], []
+        return self._walk(cand, n_chars)
+
+    def _walk(self, cand: np.ndarray, n_chars: int) -> tuple[str, list[float], list[int]]:
+        chars, weights = self._chars, self._weights
+        end = ord(END)
+        out: list[int] = []
+        shares: list[float] = []
+        support: list[int] = []
+        while len(out) < n_chars and cand.size:
+            m = min(BLOCK, n_chars - len(out))
+            block = chars[np.minimum(cand[:, None] + np.arange(m), self._n - 1)]  # (C, m)
+            agree = (block == block[0]).all(axis=0)
+            run = m if agree.all() else int(np.argmin(agree))
+            if run:  # every candidate continues alike for `run` characters
+                seg = block[0, :run]
+                stop = np.flatnonzero(seg == end)
+                if stop.size:
+                    out += seg[: stop[0]].tolist()
+                    shares += [1.0] * int(stop[0])
+                    support += [cand.size] * int(stop[0])
+                    break
+                out += seg.tolist()
+                shares += [1.0] * run
+                support += [cand.size] * run
+                cand = cand + run
+                continue
+            nxt = chars[cand]
+            vals, inv = np.unique(nxt, return_inverse=True)
+            w = np.bincount(inv, weights=weights[cand], minlength=len(vals))
+            latest = np.zeros(len(vals), np.int64)
+            np.maximum.at(latest, inv, cand)
+            b = int(np.lexsort((latest, w))[-1])  # the heaviest; on a tie the most recent
+            if vals[b] == end:
+                break
+            out.append(int(vals[b]))
+            shares.append(float(w[b] / w.sum()))
+            cand = cand[inv == b] + 1
+            support.append(int(cand.size))
+        return "".join(map(chr, out)), shares, support
+
+
+class Corpora:
+    """The suffix indexes of the jobs a model is serving, keyed by job; the least recently
+    used beyond `max_jobs` is dropped (a job that ends drops its own with `drop`)."""
+
+    def __init__(self, max_jobs: int = 16, max_chars: int = MAX_CHARS):
+        self.max_jobs, self.max_chars = max_jobs, max_chars
+        self._indexes: OrderedDict[Any, SuffixIndex] = OrderedDict()
+
+    def get(self, key: Any) -> SuffixIndex:
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = SuffixIndex(self.max_chars)
+            while len(self._indexes) > self.max_jobs:
+                self._indexes.popitem(last=False)
+        self._indexes.move_to_end(key)
+        return index
+
+    def drop(self, key: Any) -> None:
+        self._indexes.pop(key, None)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._indexes
+
+    def keys(self) -> list:
+        return list(self._indexes)
+
+
+class Calibration:
+    """How often a suffix node is accepted once its parent was, per bucket of its count
+    share (10 bins) and support (1, 2-3, 4-15, 16+ candidates): counts with a prior."""
+
+    SUPPORT = (1, 4, 16)
+
+    def __init__(self, weight: float = 4.0):
+        self.hits = np.zeros((10, len(self.SUPPORT) + 1))
+        self.tries = np.full_like(self.hits, weight)
+        centers = (np.arange(10) + 0.5) / 10
+        self.hits += weight * 0.8 * centers[:, None]  # prior: a little under the share
+
+    def bucket(self, share: float, support: int) -> tuple[int, int]:
+        return min(int(share * 10), 9), int(np.searchsorted(self.SUPPORT, support, "right"))
+
+    def rate(self, share: float, support: int) -> float:
+        b = self.bucket(share, support)
+        return float(self.hits[b] / self.tries[b])
+
+    def observe(self, buckets: list[tuple[int, int]], accepted: int) -> None:
+        """`buckets` of the nodes verified, in order; the first `accepted` were kept."""
+        for i, b in enumerate(buckets[: accepted + 1]):
+            self.tries[b] += 1
+            self.hits[b] += i < accepted
+
+
+class _Row:
+    """One row's answer text so far (decoded incrementally) and its job's index."""
+
+    def __init__(self, index: SuffixIndex):
+        self.index = index
+        self.ids: list[int] = []
+        self.text = ""
+
+
+class SuffixDrafter:
+    """`--draft suffix`: every row drafts from its job's index (a lookup: the policy truncates).
+
+    Rows of one job share one index (`Sequence.corpus` names the job); each row's prompt is
+    added as it joins and its answer as it finishes, so later rows draft from earlier ones.
+    """
+
+    name = kind = "suffix"
+    lookup = True
+
+    def __init__(self, batch):
+        self.target = batch.target
+        self.corpora: Corpora = batch.engine.corpora
+        self.calibration = Calibration()
+        self._buckets: dict[int, list[tuple[int, int]]] = {}  # row uid -> last draft's buckets
+
+    def admit(self, seq) -> None:
+        index = self.corpora.get(seq.corpus)
+        index.add(self.target.decode(seq.prompt), PROMPT_WEIGHT)
+        seq.state[self.name] = _Row(index)
+
+    def _text(self, row: _Row, output: list[int]) -> str:
+        n = len(row.ids)
+        if len(output) >= n and output[:n] == row.ids:
+            more = self.target.decode(output[n:]) if len(output) > n else ""
+            if "\ufffd" not in more:
+                row.ids, row.text = list(output), row.text + more
+                return row.text
+        row.ids, row.text = list(output), self.target.decode(output)
+        return row.text
+
+    def propose(self, seqs, ks: list[int]) -> Draft:
+        sizes, tokens, chances = [], [], []
+        for s, k in zip(seqs, ks, strict=True):
+            toks, ch = self._propose(s, k) if k > 0 else ([], [])
+            sizes.append(len(toks))
+            tokens.append(toks)
+            chances.append(ch)
+        return Draft(sizes=sizes, tokens=tokens, chances=chances, source=self.name)
+
+    def _propose(self, s, k: int) -> tuple[list[int], list[float]]:
+        row: _Row = s.state[self.name]
+        # The pending token is part of the answer so far; the tail checks the boundary.
+        tail = s.output[-TAIL:]
+        head = self._text(row, s.output[: len(s.output) - len(tail)])
+        tail_text = self.target.decode(tail)
+        query = START * KEY + head + tail_text
+        cont, shares, support = row.index.continuation(query, CHARS_PER_TOKEN * k + 1)
+        if not cont:
+            return [], []
+        ids = self.target.encode_text(tail_text + cont)
+        if ids[: len(tail)] == tail:
+            ids = ids[len(tail) :]
+        else:  # the row split its last word otherwise (`lab` + `el`): the rest's own tokens
+            ids = self.target.encode_text(cont)
+        if len(cont) > CHARS_PER_TOKEN * k:
+            ids = ids[:-1]  # the walk stopped at the length asked: the last token may be cut
+        ids = ids[:k]
+        chances, buckets, at, p = [], [], 0, 1.0
+        for t in ids:
+            # A token is accepted if the walk's choice held for each of its characters.
+            n = max(1, len(self.target.decode([t])))
+            span = range(at, min(at + n, len(shares)))
+            share = float(np.prod([shares[c] for c in span])) if span else shares[-1]
+            sup = support[span[-1]] if span else support[-1]
+            at += n
+            buckets.append(self.calibration.bucket(share, sup))
+            p *= self.calibration.rate(share, sup)
+            chances.append(p)
+        self._buckets[s.uid] = buckets
+        return ids, chances
+
+    def commit(self, seqs, draft: Draft, paths) -> None:
+        for s, size, path in zip(seqs, draft.sizes, paths, strict=True):
+            buckets = self._buckets.pop(s.uid, None)
+            if buckets:
+                self.calibration.observe(buckets[:size], len(path))
+
+    def retire(self, seq) -> None:
+        row = seq.state.pop(self.name, None)
+        self._buckets.pop(seq.uid, None)
+        if row is not None and seq.finish_reason is not None and seq.output:
+            text = self.target.decode(seq.output)
+            if seq.text_end is not None:
+                text = text[: seq.text_end]
+            row.index.add(text)
+
+    def step_cost(self, rows: int) -> float:
+        return 0.0

@@ -1,0 +1,180 @@
+"""The job-level suffix index and its drafter: incremental adds equal a fresh build, the most
+frequent continuation of the longest match wins, prompts count less than answers, matches
+are on characters (whatever the tokenization), memory stays within its bound; through the
+engine, output is plain greedy's and a job with a shared answer format accepts more later."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.drafters.suffix import (
+    KEY,
+    PROMPT_WEIGHT,
+    START,
+    Corpora,
+    SuffixDrafter,
+    SuffixIndex,
+)
+from core.engine.sequence import Sequence
+
+ANSWERS = [
+    '{"name": "Maria Lopez", "city": "Madrid", "label": "positive"}',
+    '{"name": "John Smith", "city": "Boston", "label": "negative"}',
+    '{"name": "Aiko Tanaka", "city": "Osaka", "label": "positive"}',
+]
+
+
+def query(text: str) -> str:
+    return START * KEY + text
+
+
+def test_incremental_adds_equal_a_fresh_build():
+    grown = SuffixIndex()
+    for i, a in enumerate(ANSWERS * 3):
+        grown.add(a)
+        grown.add(f"prompt {i}: label the review", PROMPT_WEIGHT)
+    fresh = SuffixIndex()
+    fresh.rebuild(list(grown.docs))
+    assert {k: list(v) for k, v in grown._index.items()} == {
+        k: list(v) for k, v in fresh._index.items()
+    }
+    assert (grown._chars[: grown._n] == fresh._chars[: fresh._n]).all()
+    for q in ('{"name": "', '"city": "', '", "label": "', ""):
+        assert grown.continuation(query(q), 40) == fresh.continuation(query(q), 40)
+
+
+def test_the_most_frequent_continuation_of_the_longest_match_wins():
+    index = SuffixIndex()
+    for a in ANSWERS:
+        index.add(a)
+    # an answer's start: every answer begins alike, then the names differ
+    text, shares, support = index.continuation(query(""), 30)
+    n = len('{"name": "')
+    assert text.startswith('{"name": "Aiko Tanaka"')  # a three-way tie: the latest answer
+    assert shares[:n] == [1.0] * n and support[:n] == [3] * n
+    assert shares[n] == pytest.approx(1 / 3) and support[n] == 1
+    # after a label key, "positive" twice against "negative" once
+    text, shares, _ = index.continuation(
+        query('{"name": "Ivan Petrov", "city": "Kiev", "label": "'), 30
+    )
+    assert text == 'positive"}'
+    assert shares[0] == pytest.approx(2 / 3) and shares[1:] == [1.0] * (len(text) - 1)
+    # the longest match decides: "Boston" follows "city": "Bo" in one answer only
+    text, _, support = index.continuation(query('{"name": "X Y", "city": "Bo'), 30)
+    assert text.startswith('ston", "label": "negative"') and support[0] == 1
+    # nothing long enough in common: nothing proposed
+    assert index.continuation(query("zzzzzzzz"), 10) == ("", [], [])
+
+
+def test_prompts_count_less_than_answers():
+    index = SuffixIndex()
+    index.add("the label is: spam")
+    for _ in range(4):
+        index.add("the label is: ham", PROMPT_WEIGHT)
+    text, shares, _ = index.continuation(query("so the label is: "), 10)
+    assert text == "spam"  # 1 answer outweighs 4 prompts at 0.2
+    assert shares[0] == pytest.approx(1 / (1 + 4 * PROMPT_WEIGHT))
+    # a prompt's start is not an answer's start
+    only_prompts = SuffixIndex()
+    only_prompts.add("Classify this review", PROMPT_WEIGHT)
+    assert only_prompts.continuation(query(""), 10) == ("", [], [])
+
+
+def test_memory_stays_within_its_bound_on_a_long_job():
+    index = SuffixIndex(max_chars=20_000)
+    peak = 0
+    for i in range(2_000):
+        index.add(f'{{"id": {i}, "label": "{"positive" if i % 3 else "negative"}"}}')
+        assert index.chars <= 20_000
+        peak = max(peak, index.nbytes())
+    assert index.outputs == 2_000 and len(index.docs) < 2_000  # the oldest were dropped
+    assert peak < 20_000 * 20  # chars, weights and positions: a few bytes per character
+    text, _, _ = index.continuation(query('{"id": 5000, "label": "'), 12)
+    assert text == 'positive"}'  # the newest answers remain
+
+
+def test_corpora_keep_one_index_per_job_and_drop_the_oldest():
+    corpora = Corpora(max_jobs=2)
+    a, b = corpora.get("a"), corpora.get("b")
+    assert corpora.get("a") is a
+    corpora.get("c")  # "b" is the least recently used
+    assert "b" not in corpora and "a" in corpora and b is not corpora.get("b")
+    corpora.drop("a")
+    assert "a" not in corpora
+
+
+@pytest.mark.real_model
+def test_matches_on_characters_across_tokenizations():
+    """The stored answer says `"label": "positive"`; a row that wrote `"lab` + `el` in other
+    tokens than the stored answer's still gets the continuation, as tokens that re-tokenize
+    its own last tokens."""
+    from core.engine.loading import load_tokenizer
+
+    tok, _ = load_tokenizer("smollm2-135m")
+    target = SimpleNamespace(
+        decode=lambda ids: tok.decode(ids),
+        encode_text=lambda t: list(tok.encode(t, add_special_tokens=False)),
+    )
+    drafter = SuffixDrafter(
+        SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora()))
+    )
+    stored = '{"name": "Maria", "label": "positive"}'
+    drafter.corpora.get("job").add(stored)
+    written = '{"name": "Omar", "lab'
+    natural = target.encode_text(written)
+    # the same text in other tokens: "lab" spelled one character per token
+    odd = target.encode_text(written[:-3]) + [target.encode_text(c)[0] for c in "lab"]
+    assert odd != natural and target.decode(odd) == written
+    for output in (natural, odd):
+        seq = Sequence(prompt=[1], params=GenerationParams(), max_tokens=64, seed=0)
+        seq.corpus, seq.output = "job", list(output)
+        drafter.admit(seq)
+        draft = drafter.propose([seq], [8])
+        got = target.decode(output + draft.host_tokens(0))
+        assert got.startswith(written) and '"positive"' in got, got
+        assert all(0 < c <= 1 for c in draft.chances[0])
+        drafter.retire(seq)
+
+
+def _labeling_job(model: LoadedModel, n: int):
+    names = "Maria John Aiko Peter Fatima Lukas Chen Olivia Mateo Priya Noah Elena".split()
+    cities = "Madrid Boston Osaka Leeds Cairo Munich Shanghai Denver Lima Pune Austin Milan".split()
+    reqs = []
+    for i in range(n):
+        text = (
+            'Return JSON {"name": ..., "city": ...} for this text.\n'
+            f"Text: {names[i % 12]} lives in {cities[(i * 5) % 12]}."
+        )
+        reqs.append(
+            (
+                model.encode_chat([{"role": "user", "content": text}]),
+                GenerationParams(max_tokens=24),
+            )
+        )
+    return reqs
+
+
+@pytest.mark.real_model
+def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
+    from core.engine import load_model
+    from core.engine.benchmark import GAP_BUG, top_gap
+
+    model = load_model("smollm2-135m")
+    reqs = _labeling_job(model, 12)
+    flat = CostSurface.flat()
+    alone = Engine(model, draft="none", surface=flat, batch_size=1)
+    want = [alone.generate(p, q).tokens for p, q in reqs]
+    for spec in ("suffix", "auto"):
+        got = Engine(model, draft=spec, surface=flat, batch_size=1).generate_many(reqs)
+        assert [g.tokens for g in got] == want, spec  # one row at a time: exactly plain greedy
+    # batched: rows equal their single-row output or first differ at a near-tie
+    got = Engine(model, draft="suffix", surface=flat, batch_size=4).generate_many(reqs)
+    for (prompt, _), w, g in zip(reqs, want, got, strict=True):
+        if g.tokens != w:
+            j = next(i for i, (a, b) in enumerate(zip(g.tokens, w, strict=False)) if a != b)
+            assert top_gap(model, prompt, w[:j]) < GAP_BUG
+    mal = [g.speculative["mean_accepted_length"] for g in got]
+    first, later = sum(mal[:4]) / 4, sum(mal[-4:]) / 4
+    assert later > first + 0.5, mal
+    assert all(set(g.speculative["steps_by_drafter"]) <= {"suffix", "none"} for g in got)
