@@ -682,7 +682,7 @@ class Batch:
                     if offer.forced or rate > best_rate:
                         best, best_rate = (d, offer), (np.inf if offer.forced else rate)
                 if best is None:  # nothing pays: re-probe a due drafter with one token
-                    for d in self.drafters:
+                    for d in (d for d in self.drafters if not d.calibrated):
                         pol = s.stats[d.name]
                         avail = lookups[d.name].sizes[i] if d.lookup else caps[i]
                         if pol.probe_due() and avail:
@@ -734,7 +734,8 @@ class Batch:
             if cap == 0 or s.params.frequency_penalty or s.params.presence_penalty:
                 return None
             gains = pol.stats.gains(cap)
-        forced = min(K_INIT, len(gains)) if pol.warming() else 0
+        # A calibrated drafter's chances are learned across rows: no per-row warm-up.
+        forced = min(K_INIT, len(gains)) if pol.warming() and not d.calibrated else 0
         return Offer(gains, _group(d), forced)
 
     # -- verification -----------------------------------------------------------------

@@ -178,3 +178,17 @@ def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
     first, later = sum(mal[:4]) / 4, sum(mal[-4:]) / 4
     assert later > first + 0.5, mal
     assert all(set(g.speculative["steps_by_drafter"]) <= {"suffix", "none"} for g in got)
+
+
+def test_calibration_learns_how_often_a_bucket_is_accepted():
+    from core.engine.drafters.suffix import Calibration
+
+    cal = Calibration()
+    b = cal.bucket(1.0, 1)  # a continuation seen once: trusted less than one seen often
+    assert cal.rate(1.0, 1) < cal.rate(1.0, 20) < 1.0
+    for _ in range(50):  # three nodes tried, the first two accepted: the third never
+        cal.observe([b, b, cal.bucket(0.5, 20)], 2)
+    assert cal.rate(1.0, 1) > 0.9 and cal.rate(0.5, 20) < 0.1
+    before = cal.tries.sum()
+    cal.observe([b, b, b], 0)  # only the first node was verified on its own merit
+    assert cal.tries.sum() == before + 1

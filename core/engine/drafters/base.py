@@ -83,6 +83,7 @@ class Drafter(Protocol):
     name: str  # its spec, e.g. "ngram", "early-exit:8"
     kind: str  # acceptance-statistics key and prior (draft_length.PRIORS)
     lookup: bool  # True: cheap host proposals truncated by the policy
+    calibrated: bool  # True: its `chances` are learned across rows (no per-row warm-up/probes)
 
     def admit(self, seq: Sequence) -> None:
         """A row joins: its prompt is in the target cache, `seq.output[-1]` pending."""

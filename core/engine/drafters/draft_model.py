@@ -23,6 +23,7 @@ CATCH_UP_SPLIT = 16  # longer catch-ups (a fresh row's prompt) get a segment of 
 class DraftModelDrafter:
     kind = "model"
     lookup = False
+    calibrated = False
 
     def __init__(self, draft, capacity: int, step_cost):
         check_supported(draft.model)

@@ -18,6 +18,7 @@ from .base import Draft
 class EarlyExitDrafter:
     kind = "early-exit"
     lookup = False
+    calibrated = False
 
     def __init__(self, target, cache, exit_layer: int):
         n = target.num_layers

@@ -120,6 +120,7 @@ class NgramDrafter:
 
     name = kind = "ngram"
     lookup = True
+    calibrated = False
 
     def __init__(self, target=None):
         # With the target's tokenizer, copies are matched on characters too.

@@ -216,7 +216,8 @@ class Calibration:
         self.hits = np.zeros((10, len(self.SUPPORT) + 1))
         self.tries = np.full_like(self.hits, weight)
         centers = (np.arange(10) + 0.5) / 10
-        self.hits += weight * 0.8 * centers[:, None]  # prior: a little under the share
+        trust = np.array([0.4, 0.6, 0.75, 0.85])  # prior: under the share, more so when rare
+        self.hits += weight * centers[:, None] * trust[None, :]
 
     def bucket(self, share: float, support: int) -> tuple[int, int]:
         return min(int(share * 10), 9), int(np.searchsorted(self.SUPPORT, support, "right"))
@@ -250,6 +251,7 @@ class SuffixDrafter:
 
     name = kind = "suffix"
     lookup = True
+    calibrated = True
 
     def __init__(self, batch):
         self.target = batch.target

@@ -113,6 +113,7 @@ class TreeDrafter:
 
     name = kind = "tree"
     lookup = True
+    calibrated = False
 
     def __init__(self, batch):
         self.batch = batch
