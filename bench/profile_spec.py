@@ -1,0 +1,46 @@
+"""Where a speculative batched step spends its host time: cProfile over a job run at one
+batch size with one drafter (the top functions by own time and by cumulative time).
+
+    python bench/profile_spec.py --input examples/jobs/grounded-256.jsonl --batch-size 256 --draft auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+from core.engine import Engine, GenerationParams, load_model
+from core.engine.benchmark import load_job
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--input", default="examples/jobs/grounded-256.jsonl")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--draft", default="auto")
+    ap.add_argument("--items", type=int, default=256)
+    args = ap.parse_args()
+    target = load_model("smollm2-135m")
+    items = load_job(target, args.input, None)[: args.items]
+    reqs = [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
+    engine = Engine(target, draft=args.draft, batch_size=args.batch_size)
+    engine.generate_many(reqs[: args.batch_size])  # warm-up: shapes compiled
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    out = engine.generate_many(reqs)
+    prof.disable()
+    wall = time.perf_counter() - t0
+    tokens = sum(len(r.tokens) for r in out)
+    print(f"{args.draft} at batch {args.batch_size}: {tokens} tokens in {wall:.2f} s")
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(25)
+        print(s.getvalue()[-6000:])
+
+
+if __name__ == "__main__":
+    main()
