@@ -24,8 +24,13 @@ def _prefill(model, pad=0, capacity=4, rows=(0, 2, 3)):
     return cache
 
 
+# CUDA's float32 matmuls round per shape at ~5e-4 relative (packed rows against one row
+# alone: seen on the H200); the CPU's agree to 1e-4.
+TOL = 1e-4 if mx.default_device() == mx.cpu else 3e-3
+
+
 def _close(a, b):
-    return mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
+    return mx.allclose(a, b, atol=TOL, rtol=TOL).item()
 
 
 @pytest.mark.parametrize("pad", [0, 8])
