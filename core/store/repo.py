@@ -146,6 +146,18 @@ def refresh_job(session: Session, job_id: str) -> Job:
     return job
 
 
+def _cancelled_orphan(now: datetime) -> dict[str, Any]:
+    """The columns of an item of a cancelled job whose worker had stopped."""
+    return {
+        "status": "cancelled",
+        "error_code": "cancelled",
+        "error_message": "cancelled; its worker had stopped",
+        "finished_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
+
+
 # A process that may be gone: host:pid -> True when it surely is (see worker/process.py).
 OwnerDead = Callable[[str], bool]
 
@@ -403,16 +415,7 @@ def reap_expired(
         )
         if status in ("cancelling", "cancelled"):
             session.execute(
-                update(Item)
-                .where(*still)
-                .values(
-                    status="cancelled",
-                    error_code="cancelled",
-                    error_message="cancelled; its worker had stopped",
-                    finished_at=now,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                ),
+                update(Item).where(*still).values(**_cancelled_orphan(now)),
                 execution_options={"synchronize_session": False},
             )
             refresh_job(session, job_id)
@@ -608,14 +611,7 @@ def cancel_job(session: Session, job_id: str) -> Job:
             Item.lease_owner.is_not(None),
             Item.lease_expires_at < now,
         )
-        .values(
-            status="cancelled",
-            error_code="cancelled",
-            error_message="cancelled; its worker had stopped",
-            finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
+        .values(**_cancelled_orphan(now))
     )
     job.status, job.cancelling_at = "cancelling", now
     refresh_job(session, job_id)

@@ -153,10 +153,7 @@ def test_a_hostile_file_gives_the_same_per_line_errors_and_results_on_both_store
 
 def test_file_and_request_limits_refuse_the_whole_file_before_storing(tmp_path):
     db = f"sqlite:///{tmp_path / 'limits.db'}"
-    path = tmp_path / "job.jsonl"
-    path.write_text(
-        "".join(json.dumps({"custom_id": f"c{i}", "prompt": "p"}) + "\n" for i in range(5))
-    )
+    path = _prompt_file(tmp_path / "job.jsonl", 5)
     for extra, message in (
         (
             {"APPLESPEC_MAX_LINES": "4"},
@@ -296,6 +293,14 @@ def test_a_worker_refuses_a_missing_database(tmp_path):
     assert not (tmp_path / "none.db").exists()
 
 
+def _prompt_file(path, n: int):
+    """A job file of `n` prompt lines c0..c{n-1}."""
+    path.write_text(
+        "".join(json.dumps({"custom_id": f"c{i}", "prompt": "p"}) + "\n" for i in range(n))
+    )
+    return path
+
+
 def test_a_repeated_idempotency_key_returns_the_first_job(tmp_path, monkeypatch):
     from api.client import Client
     from core.settings import Settings
@@ -303,10 +308,7 @@ def test_a_repeated_idempotency_key_returns_the_first_job(tmp_path, monkeypatch)
     db = f"sqlite:///{tmp_path / 'idem.db'}"
     env = service_env(db)
     model = unique_model()
-    path = tmp_path / "job.jsonl"
-    path.write_text(
-        "".join(json.dumps({"custom_id": f"c{i}", "prompt": "p"}) + "\n" for i in range(5))
-    )
+    path = _prompt_file(tmp_path / "job.jsonl", 5)
     broker = redis.Redis.from_url(SHARED_REDIS)
     args = ["submit", str(path), "--model", model, "--idempotency-key", "nightly-1"]
     try:
@@ -348,10 +350,7 @@ def test_retry_and_cancel_after_the_worker_died(tmp_path):
     db = f"sqlite:///{tmp_path / 'dead.db'}"
     env = service_env(db)
     model = unique_model()
-    path = tmp_path / "job.jsonl"
-    path.write_text(
-        "".join(json.dumps({"custom_id": f"c{i}", "prompt": "p"}) + "\n" for i in range(3))
-    )
+    path = _prompt_file(tmp_path / "job.jsonl", 3)
     broker = redis.Redis.from_url(SHARED_REDIS)
     try:
         job_ids = []

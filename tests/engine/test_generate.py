@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
-from core.engine.tiny import tiny_model
+from tests.engine.conftest import SMALL_VOCAB
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -120,27 +120,18 @@ def _exact_two_tokens(model, prompt, V):
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "early-exit:2", "draft-model:noisy", "tree"])
-def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, tokenizer):
+def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
     """Three rows with different prompts share each batch; per row, the joint distribution
     of its first two tokens over 600 seeds matches the exact target distribution
     (chi-square bound mean + 5 sd: false alarms < 1e-5)."""
     from tests.engine.test_acceptance import chi_square_ok
 
-    V = 6
-    kw = dict(
-        vocab_size=V,
-        hidden_size=32,
-        num_layers=3,
-        num_heads=1,
-        num_kv_heads=1,
-        intermediate_size=32,
-        layer_scale=2.0,
-    )
-    target = LoadedModel("t", tiny_model(5, **kw), tokenizer, 4096)
+    V = SMALL_VOCAB
+    target = small_vocab(5)
     extra = {}
     if drafter == "draft-model:noisy":
         extra = {
-            "draft_model": LoadedModel("d", tiny_model(6, **kw), tokenizer, 4096),
+            "draft_model": small_vocab(6, "d"),
             "draft_cost": 0.1,
         }
     prompts = [[1, 2, 3, 4], [5, 0, 1], [2, 2, 2, 2, 2]]

@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
-from core.engine.tiny import tiny_model
+from core.engine import CostSurface, Engine, GenerationParams
+from tests.engine.conftest import SMALL_VOCAB
 
 FLAT = CostSurface.flat()
 TEXT = "Copy: the red car, the red car, the red car, the red"
@@ -99,22 +99,13 @@ def test_n_answers_are_the_seeded_answers_one_by_one(target):
     assert greedy.choices[0].tokens == greedy.choices[1].tokens
 
 
-def test_sampled_output_follows_the_penalised_target(tokenizer):
+def test_sampled_output_follows_the_penalised_target(small_vocab):
     """First two tokens over 600 seeds against the exact distribution with a presence and a
     frequency penalty (the second token's logits penalised by the first) and a logit bias."""
     from tests.engine.test_acceptance import chi_square_ok
 
-    V = 6
-    kw = dict(
-        vocab_size=V,
-        hidden_size=32,
-        num_layers=3,
-        num_heads=1,
-        num_kv_heads=1,
-        intermediate_size=32,
-        layer_scale=2.0,
-    )
-    target = LoadedModel("t", tiny_model(5, **kw), tokenizer, 4096)
+    V = SMALL_VOCAB
+    target = small_vocab(5)
     prompt = [1, 2, 3, 4]
     bias, freq, pres = {"2": 1.5}, 0.8, 0.6
 

@@ -24,18 +24,15 @@ TAIL = 3  # tokens re-tokenized with the continuation to check the boundary
 CHARS_PER_TOKEN = 8  # continuation text taken per proposed token (generous: cut at the end)
 
 
-class TextIndex:
-    """The decoded text of a growing token history, with suffix lookup on characters."""
+class DecodedText:
+    """The decoded text of a growing token list, extended as it grows (not re-decoded)."""
 
-    def __init__(self, decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]):
-        self.decode, self.encode = decode, encode
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode = decode
         self._ids: list[int] = []
         self._text = ""
 
-    def reset(self) -> None:
-        self._ids, self._text = [], ""
-
-    def _head(self, ids: list[int]) -> str:
+    def of(self, ids: list[int]) -> str:
         """decode(ids), extending the cached text when `ids` extends the cached ids."""
         n = len(self._ids)
         if len(ids) >= n and ids[:n] == self._ids:
@@ -46,12 +43,20 @@ class TextIndex:
         self._ids, self._text = list(ids), self.decode(ids)
         return self._text
 
+
+class TextIndex:
+    """The decoded text of a growing token history, with suffix lookup on characters."""
+
+    def __init__(self, decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]):
+        self.decode, self.encode = decode, encode
+        self._head = DecodedText(decode)
+
     def lookup(self, history: list[int], k: int) -> list[int]:
         if len(history) <= TAIL:
             return []
         tail = history[-TAIL:]
         tail_text = self.decode(tail)
-        text = self._head(history[:-TAIL]) + tail_text
+        text = self._head.of(history[:-TAIL]) + tail_text
         # Occurring earlier is monotone in the suffix length: binary search the longest.
         lo, hi, pos = MIN_CHARS - 1, min(MAX_CHARS, len(text) - 1), -1
         while lo < hi:

@@ -22,6 +22,7 @@ measured acceptance per (share, support) bucket.
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from collections import OrderedDict
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .base import Draft
-from .ngram import TAIL
+from .ngram import TAIL, DecodedText
 
 START, PROMPT_START, END = "\x02", "\x01", "\x03"  # an answer's start, a prompt's, any end
 KEY = 4  # characters of the hashed key; longer matches are found by extending backwards
@@ -220,7 +221,7 @@ class Calibration:
         self.hits += weight * centers[:, None] * trust[None, :]
 
     def bucket(self, share: float, support: int) -> tuple[int, int]:
-        return min(int(share * 10), 9), int(np.searchsorted(self.SUPPORT, support, "right"))
+        return min(int(share * 10), 9), bisect.bisect_right(self.SUPPORT, support)
 
     def rate(self, share: float, support: int) -> float:
         b = self.bucket(share, support)
@@ -236,10 +237,9 @@ class Calibration:
 class _Row:
     """One row's answer text so far (decoded incrementally) and its job's index."""
 
-    def __init__(self, index: SuffixIndex):
+    def __init__(self, index: SuffixIndex, decode):
         self.index = index
-        self.ids: list[int] = []
-        self.text = ""
+        self.text = DecodedText(decode)
 
 
 class SuffixDrafter:
@@ -262,17 +262,7 @@ class SuffixDrafter:
     def admit(self, seq) -> None:
         index = self.corpora.get(seq.corpus)
         index.add(self.target.decode(seq.prompt), PROMPT_WEIGHT)
-        seq.state[self.name] = _Row(index)
-
-    def _text(self, row: _Row, output: list[int]) -> str:
-        n = len(row.ids)
-        if len(output) >= n and output[:n] == row.ids:
-            more = self.target.decode(output[n:]) if len(output) > n else ""
-            if "\ufffd" not in more:
-                row.ids, row.text = list(output), row.text + more
-                return row.text
-        row.ids, row.text = list(output), self.target.decode(output)
-        return row.text
+        seq.state[self.name] = _Row(index, self.target.decode)
 
     def propose(self, seqs, ks: list[int]) -> Draft:
         sizes, tokens, chances = [], [], []
@@ -287,7 +277,7 @@ class SuffixDrafter:
         row: _Row = s.state[self.name]
         # The pending token is part of the answer so far; the tail checks the boundary.
         tail = s.output[-TAIL:]
-        head = self._text(row, s.output[: len(s.output) - len(tail)])
+        head = row.text.of(s.output[: len(s.output) - len(tail)])
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
         cont, shares, support = row.index.continuation(query, CHARS_PER_TOKEN * k + 1)
