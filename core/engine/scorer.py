@@ -95,14 +95,17 @@ class _Plan:
     offset: int  # where its tokens start in the packed stream
     width: int  # key positions read per row
     w: int  # padded nodes per row
-    rows_all: bool  # covers every cache slot in order: read without a gather
+    rows_all: bool  # its queries cover every cache slot in order: read without a gather
+    q_rows: int  # query rows: R, or every slot (rows_all) with the others' queries dummies
     rows: mx.array  # (R,)
     tok_rows: mx.array  # (N,) cache row of each packed token
     tok_slots: mx.array  # (N,) cache slot of each packed token
+    tok_rows_np: np.ndarray  # the same two on the host
+    tok_slots_np: np.ndarray
     positions: mx.array  # (N,) RoPE position of each packed token
-    unpack: mx.array | None  # (R * W,) packed index per padded position (None: identity)
+    unpack: mx.array | None  # (Q * W,) packed index per padded position (None: identity)
     pack: mx.array | None  # (N,) padded index per packed token (None: identity)
-    mask: mx.array  # (R, 1, W, width) bool
+    mask: mx.array  # (Q, 1, W, width) bool; Q = q_rows
 
 
 LONG = 16  # query counts above this (prompt chunks) are padded like the key reads
@@ -139,22 +142,37 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
         span = min(w, width - lo)  # padded nodes past the row's own end are never keys
         mask[i, :, lo : lo + span] |= anc[i, :, :span]
     ragged = any(s != w for s in seg.sizes)  # (padded queries read a copy of the last token)
+    at = np.arange(R)  # each row's query row
+    q_rows = R
+    rows_all = list(seg.rows) == list(range(cache.capacity))
+    if not rows_all and w <= LONG and 2 * R > cache.capacity:
+        # Most slots verify here: gathering their keys and values would copy nearly the
+        # whole cache every layer. Read every slot instead; the other slots' queries are
+        # dummies (they see one key, their output is dropped).
+        q_rows, at, rows_all, ragged = cache.capacity, np.asarray(seg.rows), True, True
+        full = np.zeros((q_rows, w, width), dtype=bool)
+        full[:, :, 0] = True
+        full[at] = mask
+        mask = full
     if ragged:
         starts = np.concatenate([[0], np.cumsum(seg.sizes)[:-1]])
-        unpack = np.concatenate(
-            [starts[i] + np.minimum(np.arange(w), s - 1) for i, s in enumerate(seg.sizes)]
-        )
-        pack = np.concatenate([i * w + np.arange(s) for i, s in enumerate(seg.sizes)])
-    rows_all = list(seg.rows) == list(range(cache.capacity))
+        unpack = np.zeros((q_rows, w), dtype=np.int64)  # dummy queries: the first token
+        for i, s in enumerate(seg.sizes):
+            unpack[at[i]] = starts[i] + np.minimum(np.arange(w), s - 1)
+        unpack = unpack.reshape(-1)
+        pack = np.concatenate([at[i] * w + np.arange(s) for i, s in enumerate(seg.sizes)])
     return _Plan(
         seg=seg,
         offset=offset,
         width=width,
         w=w,
         rows_all=rows_all,
+        q_rows=q_rows,
         rows=mx.array(np.asarray(seg.rows, dtype=np.int32)),
         tok_rows=mx.array(tok_rows.astype(np.int32)),
         tok_slots=mx.array(tok_slots.astype(np.int32)),
+        tok_rows_np=tok_rows.astype(np.int32),
+        tok_slots_np=tok_slots.astype(np.int32),
         positions=mx.array(positions.astype(np.int32)),
         unpack=mx.array(unpack.astype(np.int32)) if ragged else None,
         pack=mx.array(pack.astype(np.int32)) if ragged else None,
@@ -168,8 +186,26 @@ def _rope(rope: nn.Module, x: mx.array, positions: mx.array) -> mx.array:
     return rope(x.reshape(N, H, 1, D), offset=positions).reshape(N, H, D)
 
 
-def _attention(attn: nn.Module, x: mx.array, plans: list[_Plan], cache, layer: int) -> mx.array:
-    """mlx-lm llama/qwen attention over packed tokens (N, D), per segment, into the cache."""
+def _writes(plans: list[_Plan]) -> tuple[mx.array, mx.array, mx.array | None]:
+    """(rows, slots, kept tokens) of one cache write for the packed tokens of `plans`. A
+    position written twice (a dummy token of CUDA's all-slot segment where a prefill chunk
+    starts) keeps the later segment's token, as writing segment by segment would."""
+    if len(plans) == 1:
+        return plans[0].tok_rows, plans[0].tok_slots, None
+    rows = np.concatenate([p.tok_rows_np for p in plans])
+    slots = np.concatenate([p.tok_slots_np for p in plans])
+    key = rows.astype(np.int64) * (1 << 32) + slots
+    _, last = np.unique(key[::-1], return_index=True)
+    keep = np.sort(len(key) - 1 - last)
+    idx = None if len(keep) == len(key) else mx.array(keep.astype(np.int32))
+    return mx.array(rows[keep]), mx.array(slots[keep]), idx
+
+
+def _attention(
+    attn: nn.Module, x: mx.array, plans: list[_Plan], cache, layer: int, writes
+) -> mx.array:
+    """mlx-lm llama/qwen attention over packed tokens (N, D), per segment, into the cache
+    (`writes`: `_writes(plans)`)."""
     N = x.shape[0]
     q = attn.q_proj(x).reshape(N, attn.n_heads, -1)
     k = attn.k_proj(x).reshape(N, attn.n_kv_heads, -1)
@@ -180,13 +216,18 @@ def _attention(attn: nn.Module, x: mx.array, plans: list[_Plan], cache, layer: i
         plans[0].positions if len(plans) == 1 else mx.concatenate([p.positions for p in plans])
     )
     q, k = _rope(attn.rope, q, positions), _rope(attn.rope, k, positions)
+    # Every segment's K/V in one write before any read: a write after another segment's
+    # read could not update the cache in place (MLX would copy the whole layer's cache).
+    rows, slots, keep = writes
+    if keep is not None:
+        k, v = k[keep], v[keep]
+    cache.write(layer, rows, slots, k, v)
     outs = []
     for p in plans:
         lo, hi = p.offset, p.offset + p.seg.n
-        cache.write(layer, p.tok_rows, p.tok_slots, k[lo:hi], v[lo:hi])
         keys, values = cache.read(layer, None if p.rows_all else p.rows, p.width)
-        qs = q[lo:hi] if p.unpack is None else q[lo:hi][p.unpack]  # (R * W, H, D)
-        R = len(p.seg.rows)
+        qs = q[lo:hi] if p.unpack is None else q[lo:hi][p.unpack]  # (Q * W, H, D)
+        R = p.q_rows
         qs = qs.reshape(R, p.w, attn.n_heads, -1).transpose(0, 2, 1, 3)
         o = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=attn.scale, mask=p.mask)
         o = o.transpose(0, 2, 1, 3).reshape(R * p.w, -1)
@@ -225,6 +266,8 @@ def forward(
         plans[j] = _plan(cache, segments[j], offset)
         offset += segments[j].n
     ordered = [plans[j] for j in order]
+    writes_for: list[_Plan] = []
+    writes = None
     for i in range(segments[order[0]].start_layer, stop):
         for p in ordered:
             if p.seg.start_layer == i:
@@ -238,8 +281,10 @@ def forward(
                     x = model.model.embed_tokens(ids)
                 h = x if h is None else mx.concatenate([h, x])
         live = [p for p in ordered if p.seg.start_layer <= i]
+        if len(live) != len(writes_for):  # the live set grows as segments enter
+            writes_for, writes = live, _writes(live)
         layer = layers[i]
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), live, cache, i)
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), live, cache, i, writes)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     out: list[mx.array | None] = []
     for j in range(len(segments)):
