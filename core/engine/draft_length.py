@@ -207,3 +207,49 @@ def allocate(
         for r in rw[:best_m]:
             ks[r] += 1
     return ks
+
+
+class StepModes:
+    """Whether a batch's steps draft at all, from the measured tokens per second of drafting
+    steps and of plain (double-buffered) steps, wall time included.
+
+    The surface prices the target's forward; the host work around a drafting step (lookups,
+    planning, acceptance, bookkeeping) and the double buffering it gives up are not in it,
+    and on an accelerator running a small model they can cost more than the forward. So the
+    batch tries both: `TRIAL` steps of drafting, `TRIAL` plain, then the faster one, with a
+    trial of the other every `RETRY` steps (the workload changes as rows come and go).
+    """
+
+    TRIAL = 8
+    RETRY = 64
+
+    def __init__(self):
+        self.rate: dict[str, float | None] = {"draft": None, "plain": None}
+        self.mode = "draft"
+        self._left = self.TRIAL  # steps left in the current trial (0: not in a trial)
+        self._since = 0  # steps since the last trial ended
+        self._tokens = 0
+        self._seconds = 0.0
+
+    def observe(self, mode: str, tokens: int, seconds: float) -> None:
+        """One step of `mode` emitted `tokens` in `seconds`; then choose the next mode."""
+        self._tokens += tokens
+        self._seconds += seconds
+        if self._left:
+            self._left -= 1
+            if self._left:
+                return
+            # a trial ended: its rate replaces the mode's last measurement
+            self.rate[mode] = self._tokens / self._seconds if self._seconds > 0 else 0.0
+            self._tokens, self._seconds, self._since = 0, 0.0, 0
+            other = "plain" if mode == "draft" else "draft"
+            if self.rate[other] is None:
+                self.mode, self._left = other, self.TRIAL
+            else:
+                self.mode = max(self.rate, key=lambda m: self.rate[m] or 0.0)
+            return
+        self._since += 1
+        if self._since >= self.RETRY:  # re-measure both: the current mode, then the other
+            other = "plain" if self.mode == "draft" else "draft"
+            self.rate[other] = None
+            self._left, self._tokens, self._seconds = self.TRIAL, 0, 0.0

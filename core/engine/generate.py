@@ -35,7 +35,16 @@ from . import drafters as registry
 from .acceptance import walk
 from .cache import BatchKVCache
 from .costs import CostSurface, load_or_measure
-from .draft_length import K_INIT, K_MAX, PRIORS, AcceptanceStats, Offer, RowPolicy, allocate
+from .draft_length import (
+    K_INIT,
+    K_MAX,
+    PRIORS,
+    AcceptanceStats,
+    Offer,
+    RowPolicy,
+    StepModes,
+    allocate,
+)
 from .drafters.base import Draft, Drafter
 from .drafters.suffix import Corpora
 from .loading import load_model
@@ -102,6 +111,10 @@ class Engine:
             back (mlx-lm's double buffering); False syncs every step.
         share_prefixes: a joining row copies the keys and values of the longest prompt
             prefix another row of the batch holds instead of computing them.
+        step_modes: a batch measures its drafting steps against plain double-buffered steps
+            (wall time, host work included) and drafts only while that is faster
+            (draft_length.StepModes); False drafts on every step the policy pays for. Off
+            with a fixed `k`.
     """
 
     def __init__(
@@ -119,6 +132,7 @@ class Engine:
         overlap: bool = True,
         pipeline: bool = True,
         share_prefixes: bool = True,
+        step_modes: bool = True,
         progress: Callable[[str], None] = lambda s: None,
     ):
         entry, arg = registry.parse(draft)
@@ -156,6 +170,7 @@ class Engine:
         self.overlap = overlap
         self.pipeline = pipeline
         self.share_prefixes = share_prefixes
+        self.step_modes = step_modes and k is None
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
@@ -256,6 +271,8 @@ class Batch:
         self._done: list[Sequence] = []  # finished last step, results not yet built
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
         self.steps = 0
+        self.emitted = 0  # tokens emitted by this batch's rows
+        self.modes = StepModes() if self.drafters and engine.step_modes else None
 
     def draft_model_drafter(self):
         """This batch's draft-model drafter (one cache row per slot), built once."""
@@ -332,11 +349,19 @@ class Batch:
     def step(self) -> list[GenerationResult]:
         """Admit, draft, verify and commit once; the results of rows that finished."""
         with mx.stream(generation_stream):
-            return self._step()
+            if self.modes is None:
+                return self._step()
+            t0, n0 = time.perf_counter(), self.emitted
+            out = self._step()
+            self.modes.observe(self._mode, self.emitted - n0, time.perf_counter() - t0)
+            return out
 
     def _step(self) -> list[GenerationResult]:
-        if not self.drafters and self.engine.pipeline and not self._needs_sync():
+        plain = not self.drafters or (self.modes is not None and self.modes.mode == "plain")
+        if plain and self.engine.pipeline and not self._needs_sync():
+            self._mode = "plain"
             return self._step_plain()
+        self._mode = "draft"
         if self._lag is not None:  # leaving double buffering: read the step in flight first
             rows, tokens = self._lag
             self._lag = None
@@ -483,7 +508,8 @@ class Batch:
         for s, t in zip(rows, tokens, strict=True):
             if s.finish_reason is not None:
                 continue  # finished meanwhile: this token was computed for nothing
-            if not s.output:
+            first = not s.output
+            if first:
                 s.metrics.t_first = now
             else:
                 s.metrics.record_step("none", 0, 0, 1)
@@ -491,6 +517,8 @@ class Batch:
             reason = self._emit(s, [t], None)
             if reason is not None:
                 self._finish(s, reason)
+            elif first:
+                self._admit_drafters(s)
 
     # -- admission and prefill --------------------------------------------------------
 
@@ -642,9 +670,13 @@ class Batch:
             if reason is not None:
                 self._finish(s, reason)
                 continue
-            for d in self.drafters:
-                d.admit(s)
-                s.stats[d.name] = RowPolicy(self.engine.carried(d))
+            self._admit_drafters(s)
+
+    def _admit_drafters(self, s: Sequence) -> None:
+        """A row has its first token: each drafter takes it on, with fresh statistics."""
+        for d in self.drafters:
+            d.admit(s)
+            s.stats[d.name] = RowPolicy(self.engine.carried(d))
 
     # -- drafting ---------------------------------------------------------------------
 
@@ -836,6 +868,7 @@ class Batch:
             if t in eos:
                 return "stop"
             s.output.append(t)
+            self.emitted += 1
             if lps is not None:
                 s.logprobs.append(lps[j])
             for stop in stops:

@@ -108,3 +108,58 @@ def test_probes_come_due_when_a_drafter_stays_idle():
     assert row.probe_due()
     row.observe(1, 0)
     assert not row.probe_due()
+
+
+def test_step_modes_try_both_then_keep_the_faster_and_retry():
+    from core.engine.draft_length import StepModes
+
+    m = StepModes()
+    assert m.mode == "draft"
+    for _ in range(m.TRIAL):
+        m.observe("draft", 10, 1.0)  # 10 tokens/s drafting
+    assert m.mode == "plain"
+    for _ in range(m.TRIAL):
+        m.observe("plain", 30, 1.0)
+    assert m.mode == "plain" and m.rate == {"draft": 10.0, "plain": 30.0}
+    for _ in range(m.RETRY - 1):
+        m.observe("plain", 30, 1.0)
+        assert m.mode == "plain"
+    m.observe("plain", 30, 1.0)  # time to re-measure: plain first, then drafting
+    for _ in range(m.TRIAL):
+        m.observe("plain", 30, 1.0)
+    assert m.mode == "draft"
+    for _ in range(m.TRIAL):
+        m.observe("draft", 60, 1.0)  # drafting pays now (say the rows copy more)
+    assert m.mode == "draft" and m.rate == {"draft": 60.0, "plain": 30.0}
+
+
+def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
+    make_tiny, monkeypatch
+):
+    """Drafting steps made slow on the host (a 30 ms sleep): after trying both kinds of
+    step the batch runs plain steps, and every row is still its plain greedy output."""
+    import time
+
+    from core.engine import CostSurface, Engine, GenerationParams
+    from core.engine.generate import Batch
+
+    target = make_tiny(3)
+    prompts = ["Copy: a b c a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x"]
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in prompts]
+    flat = CostSurface.flat()
+    want = Engine(target, draft="none", surface=flat, batch_size=3).generate_many(reqs)
+    slow_draft = Batch._draft
+
+    def slow(self, decode):
+        time.sleep(0.03)
+        return slow_draft(self, decode)
+
+    monkeypatch.setattr(Batch, "_draft", slow)
+    engine = Engine(target, draft="ngram", surface=flat, batch_size=3)
+    batch = engine.new_batch()
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    got = {r.tag: r for r in batch.run()}
+    assert [got[i].tokens for i in range(3)] == [r.tokens for r in want]
+    assert batch.modes.rate["plain"] > batch.modes.rate["draft"]
+    assert batch.modes.mode == "plain"
