@@ -53,6 +53,8 @@ def main() -> None:
         client.wait(client.submit(str(warm), draft=args.draft)["id"], timeout=900)
         t0 = time.perf_counter()
         job = client.submit(str(Path(args.input).resolve()), draft=args.draft)
+        if job["invalid"]:
+            raise SystemExit(f"{args.input}: {job['invalid'][0]['message']}")
         client.wait(job["id"], timeout=3600)
         service_s = time.perf_counter() - t0
         tokens = sum(

@@ -213,13 +213,13 @@ def job_lines(kind: str, items: int, seed: int = 0, max_tokens: int = 96) -> lis
             "messages": [{"role": "user", "content": text}],
             "max_tokens": max_tokens,
             "temperature": 0,
+            "metadata": {"category": category},  # OpenAI's free-form body field
         }
         line = {
             "custom_id": f"{kind}-{i + 1}",
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": body,
-            "category": category,
         }
         out.append(json.dumps(line))
     return out

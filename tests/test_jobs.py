@@ -551,3 +551,15 @@ def test_openai_sampling_fields_reach_the_engine():
     assert p.logit_bias == {"50256": -100.0}
     (r,), _ = parse_job([json.dumps({"custom_id": "a", "prompt": "x", "n": 3, "stop": [[13, 10]]})])
     assert generation_params(r).n == 3 and generation_params(r).stop == [[13, 10]]
+
+
+def test_the_example_job_files_are_valid_jobs():
+    """`run`, `submit` and `bench --input` all take examples/jobs/*.jsonl as they are."""
+    from pathlib import Path
+
+    files = sorted((Path(__file__).parents[1] / "examples" / "jobs").glob("*.jsonl"))
+    assert len(files) >= 4
+    for path in files:
+        requests, errors = parse_job(path.read_text().splitlines())
+        assert not errors, (path.name, errors[:1])
+        assert len(requests) >= 64

@@ -81,7 +81,7 @@ class Row:
 
 def load_job(target: LoadedModel, path: str | Path | None, max_tokens: int | None) -> list[Item]:
     """The items of a job file: OpenAI Batch lines (`run`/`submit` input) or bench lines
-    (`{"messages" | "prompt", "category"}`). Sampling parameters are ignored: the bench is
+    (`{"messages" | "prompt", "category"}`); a job line's category is in `body.metadata`. Sampling parameters are ignored: the bench is
     greedy, so every configuration must produce the same tokens."""
     from core.jobs import parse_job, prompt_tokens
 
@@ -115,9 +115,13 @@ def load_job(target: LoadedModel, path: str | Path | None, max_tokens: int | Non
                 if "messages" in obj
                 else {"custom_id": f"line-{n}", "prompt": obj["prompt"]}
             )
-        categories.append(obj.get("category", "other") if isinstance(obj, dict) else "other")
-        if isinstance(obj, dict):
-            obj.pop("category", None)
+        category = "other"
+        if isinstance(obj, dict):  # a bench line's own field, or a job line's body metadata
+            meta = (
+                obj.get("body", {}).get("metadata") if isinstance(obj.get("body"), dict) else None
+            )
+            category = obj.pop("category", None) or (meta or {}).get("category") or "other"
+        categories.append(category)
         lines.append(json.dumps(obj))
     requests, errors = parse_job(lines)
     if errors:
