@@ -273,6 +273,7 @@ class Batch:
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
         self.modes = StepModes() if self.drafters and engine.step_modes else None
+        self._mode = "draft"  # the kind of the step that ran last ("draft" or "plain")
 
     def draft_model_drafter(self):
         """This batch's draft-model drafter (one cache row per slot), built once."""
