@@ -65,7 +65,11 @@ def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
 
     db = f"sqlite:///{tmp_path / 'store.db'}"
     model = unique_model()
-    env = service_env(db, APPLESPEC_MODEL=model)
+    # Four rows at a time, 0.05 s per item as its row joins: items finish in waves over
+    # several of the page's 1 s refreshes
+    env = service_env(
+        db, APPLESPEC_MODEL=model, APPLESPEC_BATCH_SIZE="4", APPLESPEC_TEST_ITEM_DELAY="0.05"
+    )
     upgrade(db)
     server = Server(env, tmp_path / "server.log")
     worker = None
