@@ -162,7 +162,8 @@ class StoreCollector:
         for model, t in sorted(spec.items()):
             for key, family in families.items():
                 family.add_metric([model], t[key])
-            for i, n in enumerate(t["per_position"]):
+            # position 0 always: a model whose items never drafted has the series, at 0
+            for i, n in enumerate(t["per_position"] or [0]):
                 per_pos.add_metric([model, str(i)], n)
         yield from families.values()
         yield per_pos

@@ -49,3 +49,22 @@ def test_counters_move_with_the_jobs(tmp_path):
         assert second[f"applespec_tokens_per_second{label}"] == 8 / 60
         assert "applespec_workers_online" not in second  # no broker monitor in this app
     engine.dispose()
+
+
+def test_a_model_whose_items_never_drafted_has_position_0_at_zero(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    settings = dataclasses.replace(Settings.from_env({}), database_url=url)
+    with sessions() as s:
+        _, ids = _job(s, 1)
+        _finish(s, ids[0], "a:1", 0, 0, [])  # plain steps only
+    with TestClient(create_app(settings, monitor=False)) as client:
+        values = _values(client)
+    pos = (
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny-random",position="0"}'
+    )
+    assert values[pos] == 0
+    assert values['vllm:spec_decode_num_draft_tokens_total{model_name="tiny-random"}'] == 0
+    engine.dispose()
