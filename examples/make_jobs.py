@@ -5,9 +5,12 @@ same lines, each line a different input (and prompt length):
 
 - grounded: labeling, extraction, rewriting and summarising — answers copy from their input
   and share their shape across items (the work a dataset-labeling pipeline sends);
-- open: questions, stories, emails and code — little to copy.
+- open: questions, stories, emails and code — little to copy;
+- labeling: one task for the whole job, as a labeling pipeline sends it: every line labels
+  a different support ticket and every answer is the same JSON shape (the suffix drafter's
+  workload: the answers' text recurs across items, not in each item's own prompt).
 
-    python examples/make_jobs.py            # grounded-64, grounded-256, open-64
+    python examples/make_jobs.py            # grounded-64, grounded-256, open-64, labeling-64
     python examples/make_jobs.py --kind grounded --items 1000 -o big.jsonl
 """
 
@@ -191,6 +194,29 @@ def grounded(r: random.Random) -> tuple[str, str]:
     )
 
 
+URGENT = [
+    "This is urgent, I need it today.",
+    "Please help as soon as possible.",
+    "No rush, whenever you can.",
+    "I have asked three times already.",
+    "",
+]
+
+
+def labeling(r: random.Random) -> tuple[str, str]:
+    n, e, c = person(r)
+    cat = r.choice(list(TICKETS))
+    text = " ".join(
+        t for t in (r.choice(TICKETS[cat]), f"I live in {c}.", r.choice(URGENT)) if t
+    )
+    return "labeling", (
+        "Label the support ticket. Answer with a JSON object only, with the keys "
+        '"category" (billing, shipping, technical or account), "urgency" (low, medium or '
+        'high) and "customer" (the first name of the customer).\n\n'
+        f"Ticket from {n} <{e}>: {text}"
+    )
+
+
 def open_prompt(r: random.Random) -> tuple[str, str]:
     kind = r.randrange(4)
     if kind == 0:
@@ -204,7 +230,7 @@ def open_prompt(r: random.Random) -> tuple[str, str]:
 
 def job_lines(kind: str, items: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
     r = random.Random(f"{kind}-{seed}")
-    make = grounded if kind == "grounded" else open_prompt
+    make = {"grounded": grounded, "open": open_prompt, "labeling": labeling}[kind]
     out = []
     for i in range(items):
         category, text = make(r)
@@ -227,7 +253,7 @@ def job_lines(kind: str, items: int, seed: int = 0, max_tokens: int = 96) -> lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=["grounded", "open"])
+    ap.add_argument("--kind", choices=["grounded", "open", "labeling"])
     ap.add_argument("--items", type=int)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("-o", "--output")
@@ -236,7 +262,12 @@ def main() -> None:
     wanted = (
         [(a.kind, a.items or 64, a.output)]
         if a.kind
-        else [("grounded", 64, None), ("grounded", 256, None), ("open", 64, None)]
+        else [
+            ("grounded", 64, None),
+            ("grounded", 256, None),
+            ("open", 64, None),
+            ("labeling", 64, None),
+        ]
     )
     for kind, items, out in wanted:
         path = Path(out) if out else here / f"{kind}-{items}.jsonl"

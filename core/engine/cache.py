@@ -107,11 +107,14 @@ class BatchKVCache:
         self.keys[layer][rows, :, slots] = keys
         self.values[layer][rows, :, slots] = values
 
-    def read(self, layer: int, rows: mx.array | None, width: int) -> tuple[mx.array, mx.array]:
-        """Keys and values (R, H, width, D) of `rows` (None = every slot, no copy)."""
+    def read(self, layer: int, rows: mx.array | int, width: int) -> tuple[mx.array, mx.array]:
+        """Keys and values (R, H, width, D) of `rows`: slots gathered by index, or an int n
+        for the first n slots (a slice, no gather)."""
         k, v = self.keys[layer], self.values[layer]
-        if rows is None:
-            return k[:, :, :width], v[:, :, :width]
+        if isinstance(rows, int):
+            if rows == self.capacity:
+                return k[:, :, :width], v[:, :, :width]
+            return k[:rows, :, :width], v[:rows, :, :width]
         return k[rows, :, :width], v[rows, :, :width]
 
     # -- per-row bookkeeping ----------------------------------------------------------
@@ -131,20 +134,33 @@ class BatchKVCache:
         if not rr:
             return
         r_a, s_a, d_a = mx.array(rr), mx.array(src), mx.array(dst)
-        for i in range(self.num_layers):
-            for arrays in (self.keys, self.values):
-                if arrays[i] is not None:
-                    moved = arrays[i][r_a, :, s_a]  # (M, H, D), read before any write
-                    arrays[i][r_a, :, d_a] = moved
+        moved = _detached([None if a is None else a[r_a, :, s_a] for a in self._arrays()])
+        for a, m in zip(self._arrays(), moved, strict=True):
+            if a is not None:
+                a[r_a, :, d_a] = m
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Row `dst`'s first `n` positions become row `src`'s (a shared prompt prefix); its
         length becomes `n`."""
-        for arrays in (self.keys, self.values):
-            for a in arrays:
-                if a is not None and n:
-                    a[dst, :, :n] = a[src, :, :n]
+        if n:
+            pieces = _detached([None if a is None else a[src, :, :n] for a in self._arrays()])
+            for a, p in zip(self._arrays(), pieces, strict=True):
+                if a is not None:
+                    a[dst, :, :n] = p
         self.lengths[dst] = n
+
+    def _arrays(self) -> list[mx.array | None]:
+        return self.keys + self.values
 
     def state(self) -> list[mx.array]:
         return [a for a in self.keys + self.values if a is not None]
+
+
+def _detached(views: list[mx.array | None]) -> list[mx.array | None]:
+    """Copies of slices of the cache, evaluated: an update in place whose source is a view
+    of the very array it updates cannot run in place, and MLX then copies the whole layer,
+    every slot of it, once per update (measured on this CPU: 194 ms per prompt-prefix copy
+    at 64 slots, 369 ms at 128; 4 ms this way)."""
+    out = [None if v is None else v + 0 for v in views]
+    mx.eval([o for o in out if o is not None])
+    return out

@@ -25,6 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .cache import BatchKVCache
+from .scorer import VERSION as FORWARD_VERSION
 from .scorer import Segment, forward
 
 BATCHES = (1, 4, 16, 64, 128)
@@ -176,6 +177,7 @@ def machine_key(model: nn.Module, weight_format: str) -> str:
         mx.__version__,
         os.environ.get("OPENBLAS_CORETYPE", ""),
         "1" if "libopenblas" in _maps() else "0",
+        f"forward-{FORWARD_VERSION}",
     ]
     if mx.default_device() == mx.gpu and mx.cuda.is_available():
         parts.append("cuda")

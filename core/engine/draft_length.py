@@ -216,40 +216,48 @@ class StepModes:
     The surface prices the target's forward; the host work around a drafting step (lookups,
     planning, acceptance, bookkeeping) and the double buffering it gives up are not in it,
     and on an accelerator running a small model they can cost more than the forward. So the
-    batch tries both: `TRIAL` steps of drafting, `TRIAL` plain, then the faster one, with a
-    trial of the other every `RETRY` steps (the workload changes as rows come and go).
+    batch tries both. A trial alternates the two kinds in blocks of `BLOCK` steps until each
+    has run `TRIAL`, so both meet the same rows and the same joining prompts (a job's first
+    steps prefill most of its prompts: a trial of one kind alone would charge that to it).
+    Then the faster kind runs, with a new trial after `RETRY` steps, or as soon as the live
+    rows have halved or doubled since the last trial (at a job's tail drafting can pay where
+    it did not at a full batch).
     """
 
     TRIAL = 8
+    BLOCK = 4
     RETRY = 64
 
     def __init__(self):
         self.rate: dict[str, float | None] = {"draft": None, "plain": None}
         self.mode = "draft"
-        self._left = self.TRIAL  # steps left in the current trial (0: not in a trial)
+        self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
         self._since = 0  # steps since the last trial ended
-        self._tokens = 0
-        self._seconds = 0.0
+        self._rows: int | None = None  # live rows when it ended
+        self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
 
-    def observe(self, mode: str, tokens: int, seconds: float) -> None:
-        """One step of `mode` emitted `tokens` in `seconds`; then choose the next mode."""
-        self._tokens += tokens
-        self._seconds += seconds
-        if self._left:
-            self._left -= 1
-            if self._left:
-                return
-            # a trial ended: its rate replaces the mode's last measurement
-            self.rate[mode] = self._tokens / self._seconds if self._seconds > 0 else 0.0
-            self._tokens, self._seconds, self._since = 0, 0.0, 0
-            other = "plain" if mode == "draft" else "draft"
-            if self.rate[other] is None:
-                self.mode, self._left = other, self.TRIAL
-            else:
-                self.mode = max(self.rate, key=lambda m: self.rate[m] or 0.0)
+    @staticmethod
+    def _new_trial() -> dict[str, list]:
+        return {"draft": [0, 0, 0.0], "plain": [0, 0, 0.0]}  # steps, tokens, seconds
+
+    def observe(self, mode: str, tokens: int, seconds: float, rows: int | None = None) -> None:
+        """One step of `mode` emitted `tokens` in `seconds` with `rows` live rows; then
+        choose the next step's mode."""
+        self.steps[mode] += 1
+        trial = self._trial
+        if trial is None:
+            self._since += 1
+            moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
+            if self._since >= self.RETRY or moved:
+                self._trial = self._new_trial()  # the current kind first, then the other
             return
-        self._since += 1
-        if self._since >= self.RETRY:  # re-measure both: the current mode, then the other
-            other = "plain" if self.mode == "draft" else "draft"
-            self.rate[other] = None
-            self._left, self._tokens, self._seconds = self.TRIAL, 0, 0.0
+        t = trial[mode]
+        t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
+        other = "plain" if mode == "draft" else "draft"
+        if t[0] >= self.TRIAL and trial[other][0] >= self.TRIAL:  # the trial ended
+            for m, (_, tok, sec) in trial.items():
+                self.rate[m] = tok / sec if sec > 0 else 0.0
+            self.mode = max(self.rate, key=lambda m: self.rate[m] or 0.0)
+            self._trial, self._since, self._rows = None, 0, rows
+        elif trial[other][0] < self.TRIAL and (t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL):
+            self.mode = other

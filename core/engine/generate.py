@@ -354,7 +354,8 @@ class Batch:
                 return self._step()
             t0, n0 = time.perf_counter(), self.emitted
             out = self._step()
-            self.modes.observe(self._mode, self.emitted - n0, time.perf_counter() - t0)
+            rows = self.active
+            self.modes.observe(self._mode, self.emitted - n0, time.perf_counter() - t0, rows)
             return out
 
     def _step(self) -> list[GenerationResult]:

@@ -14,7 +14,9 @@ K/V of the packed tokens are written straight into their rows' cache slots.
 
 The attention, projections and MLP are the model's own mlx-lm modules (llama, qwen2, qwen3,
 mistral); RoPE runs through the model's own `rope` module with every token as its own row,
-so per-token positions keep mlx-lm's rope variants exact.
+so per-token positions keep mlx-lm's rope variants exact. On the CPU (float32) the
+attention's softmax and the MLP's SwiGLU run through `cpu_math` (MLX's `exp` is scalar
+there: a third of a decode step).
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from . import cpu_math
 from .cache import BatchKVCache
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+# The forward's implementation, in the key of kept cost surfaces (costs.machine_key): a
+# change that alters what a forward costs makes every machine measure its surface again.
+# 2: cpu_math's exp on the CPU.
+VERSION = 2
 
 
 def check_supported(model: nn.Module) -> None:
@@ -95,8 +102,8 @@ class _Plan:
     offset: int  # where its tokens start in the packed stream
     width: int  # key positions read per row
     w: int  # padded nodes per row
-    rows_all: bool  # its queries cover every cache slot in order: read without a gather
-    q_rows: int  # query rows: R, or every slot (rows_all) with the others' queries dummies
+    rows_all: bool  # its queries cover the first q_rows slots in order: read without a gather
+    q_rows: int  # query rows: R, or the first slots (rows_all) with the others' queries dummies
     rows: mx.array  # (R,)
     tok_rows: mx.array  # (N,) cache row of each packed token
     tok_slots: mx.array  # (N,) cache slot of each packed token
@@ -106,6 +113,7 @@ class _Plan:
     unpack: mx.array | None  # (Q * W,) packed index per padded position (None: identity)
     pack: mx.array | None  # (N,) padded index per packed token (None: identity)
     mask: mx.array  # (Q, 1, W, width) bool; Q = q_rows
+    keep: mx.array | None = None  # the mask as 1.0/0.0 (cpu_math's attention), built once
 
 
 LONG = 16  # query counts above this (prompt chunks) are padded like the key reads
@@ -144,12 +152,15 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
     ragged = any(s != w for s in seg.sizes)  # (padded queries read a copy of the last token)
     at = np.arange(R)  # each row's query row
     q_rows = R
-    rows_all = list(seg.rows) == list(range(cache.capacity))
-    if not rows_all and w <= LONG and 2 * R > cache.capacity:
-        # Most slots verify here: gathering their keys and values would copy nearly the
-        # whole cache every layer. Read every slot instead; the other slots' queries are
-        # dummies (they see one key, their output is dropped).
-        q_rows, at, rows_all, ragged = cache.capacity, np.asarray(seg.rows), True, True
+    # Rows take the lowest free slots, so the live ones are mostly the first `hi` slots
+    # (a batch's capacity may exceed the rows it has: a job's tail, a small job).
+    hi = int(max(seg.rows)) + 1
+    rows_all = list(seg.rows) == list(range(hi))
+    if not rows_all and w <= LONG and 2 * R > hi:
+        # Most of those slots verify here: gathering their keys and values would copy
+        # nearly all of them every layer. Read the first `hi` slots instead; the other
+        # slots' queries are dummies (they see one key, their output is dropped).
+        q_rows, at, rows_all, ragged = hi, np.asarray(seg.rows), True, True
         full = np.zeros((q_rows, w, width), dtype=bool)
         full[:, :, 0] = True
         full[at] = mask
@@ -225,11 +236,18 @@ def _attention(
     outs = []
     for p in plans:
         lo, hi = p.offset, p.offset + p.seg.n
-        keys, values = cache.read(layer, None if p.rows_all else p.rows, p.width)
+        keys, values = cache.read(layer, p.q_rows if p.rows_all else p.rows, p.width)
         qs = q[lo:hi] if p.unpack is None else q[lo:hi][p.unpack]  # (Q * W, H, D)
         R = p.q_rows
         qs = qs.reshape(R, p.w, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        o = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=attn.scale, mask=p.mask)
+        if cpu_math.applies(qs):
+            if p.keep is None:
+                p.keep = cpu_math.keep_mask(p.mask)
+            o = cpu_math.attention(qs, keys, values, attn.scale, p.keep)
+        else:
+            o = mx.fast.scaled_dot_product_attention(
+                qs, keys, values, scale=attn.scale, mask=p.mask
+            )
         o = o.transpose(0, 2, 1, 3).reshape(R * p.w, -1)
         outs.append(o if p.pack is None else o[p.pack])
     o = outs[0] if len(outs) == 1 else mx.concatenate(outs)
@@ -285,7 +303,11 @@ def forward(
             writes_for, writes = live, _writes(live)
         layer = layers[i]
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), live, cache, i, writes)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        x = layer.post_attention_layernorm(h)
+        if cpu_math.applies(x) and cpu_math.is_swiglu_mlp(layer.mlp):
+            h = h + cpu_math.mlp(layer.mlp, x)
+        else:
+            h = h + layer.mlp(x)
     out: list[mx.array | None] = []
     for j in range(len(segments)):
         p = plans[j]

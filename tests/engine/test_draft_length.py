@@ -110,27 +110,43 @@ def test_probes_come_due_when_a_drafter_stays_idle():
     assert not row.probe_due()
 
 
+def _run(m, rates: dict[str, float], steps: int, rows: int | None = None) -> list[str]:
+    """`steps` steps of whichever mode `m` picks (1 s each, emitting `rates[mode]`)."""
+    seen = []
+    for _ in range(steps):
+        seen.append(m.mode)
+        m.observe(m.mode, rates[m.mode], 1.0, rows)
+    return seen
+
+
 def test_step_modes_try_both_then_keep_the_faster_and_retry():
     from core.engine.draft_length import StepModes
 
     m = StepModes()
-    assert m.mode == "draft"
-    for _ in range(m.TRIAL):
-        m.observe("draft", 10, 1.0)  # 10 tokens/s drafting
-    assert m.mode == "plain"
-    for _ in range(m.TRIAL):
-        m.observe("plain", 30, 1.0)
+    B, T = m.BLOCK, m.TRIAL
+    slow_draft = {"draft": 10, "plain": 30}
+    # a trial alternates blocks of each kind until both ran TRIAL steps
+    seen = _run(m, slow_draft, 2 * T)
+    assert seen == (["draft"] * B + ["plain"] * B) * (T // B)
     assert m.mode == "plain" and m.rate == {"draft": 10.0, "plain": 30.0}
-    for _ in range(m.RETRY - 1):
-        m.observe("plain", 30, 1.0)
-        assert m.mode == "plain"
-    m.observe("plain", 30, 1.0)  # time to re-measure: plain first, then drafting
-    for _ in range(m.TRIAL):
-        m.observe("plain", 30, 1.0)
-    assert m.mode == "draft"
-    for _ in range(m.TRIAL):
-        m.observe("draft", 60, 1.0)  # drafting pays now (say the rows copy more)
+    assert _run(m, slow_draft, m.RETRY) == ["plain"] * m.RETRY
+    # time to re-measure: plain first, then drafting, which pays now (the rows copy more)
+    seen = _run(m, {"draft": 60, "plain": 30}, 2 * T)
+    assert seen == (["plain"] * B + ["draft"] * B) * (T // B)
     assert m.mode == "draft" and m.rate == {"draft": 60.0, "plain": 30.0}
+
+
+def test_step_modes_try_again_when_the_live_rows_halve():
+    from core.engine.draft_length import StepModes
+
+    m = StepModes()
+    _run(m, {"draft": 10, "plain": 30}, 2 * m.TRIAL, rows=64)
+    assert m.mode == "plain"
+    assert _run(m, {"draft": 10, "plain": 30}, 5, rows=40) == ["plain"] * 5  # no new trial
+    # the job's tail: 32 rows of 64 left, and drafting pays there
+    _run(m, {"draft": 10, "plain": 30}, 1, rows=32)
+    _run(m, {"draft": 50, "plain": 30}, 2 * m.TRIAL, rows=32)
+    assert m.mode == "draft" and m.rate["draft"] == 50.0
 
 
 def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
@@ -162,4 +178,5 @@ def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing
     got = {r.tag: r for r in batch.run()}
     assert [got[i].tokens for i in range(3)] == [r.tokens for r in want]
     assert batch.modes.rate["plain"] > batch.modes.rate["draft"]
-    assert batch.modes.mode == "plain"
+    # past the trials (both kinds alike), the batch ran plain steps
+    assert batch.modes.steps["plain"] > 2 * batch.modes.steps["draft"]

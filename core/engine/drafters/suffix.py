@@ -23,6 +23,7 @@ measured acceptance per (share, support) bucket.
 from __future__ import annotations
 
 import bisect
+import math
 from array import array
 from collections import OrderedDict
 from typing import Any
@@ -257,6 +258,7 @@ class SuffixDrafter:
         self.target = batch.target
         self.corpora: Corpora = batch.engine.corpora
         self.calibration = Calibration()
+        self._chars_of: dict[int, int] = {}  # token -> characters it decodes to, alone
         self._buckets: dict[int, list[tuple[int, int]]] = {}  # row uid -> last draft's buckets
 
     def admit(self, seq) -> None:
@@ -294,9 +296,11 @@ class SuffixDrafter:
         chances, buckets, at, p = [], [], 0, 1.0
         for t in ids:
             # A token is accepted if the walk's choice held for each of its characters.
-            n = max(1, len(self.target.decode([t])))
+            n = self._chars_of.get(t)
+            if n is None:
+                n = self._chars_of[t] = max(1, len(self.target.decode([t])))
             span = range(at, min(at + n, len(shares)))
-            share = float(np.prod([shares[c] for c in span])) if span else shares[-1]
+            share = math.prod(shares[c] for c in span) if span else shares[-1]
             sup = support[span[-1]] if span else support[-1]
             at += n
             buckets.append(self.calibration.bucket(share, sup))
