@@ -206,9 +206,7 @@ URGENT = [
 def labeling(r: random.Random) -> tuple[str, str]:
     n, e, c = person(r)
     cat = r.choice(list(TICKETS))
-    text = " ".join(
-        t for t in (r.choice(TICKETS[cat]), f"I live in {c}.", r.choice(URGENT)) if t
-    )
+    text = " ".join(t for t in (r.choice(TICKETS[cat]), f"I live in {c}.", r.choice(URGENT)) if t)
     return "labeling", (
         "Label the support ticket. Answer with a JSON object only, with the keys "
         '"category" (billing, shipping, technical or account), "urgency" (low, medium or '
