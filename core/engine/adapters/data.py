@@ -1,0 +1,144 @@
+"""Training data for self-drafters: the target's own answers to a workload's prompts.
+
+The target answers every prompt (greedy, and optionally sampled answers for the training
+prompts: the finding's sampled answers raised held-out agreement), batched through the
+engine with no drafting. Each (prompt, answer) pair is then run once through the frozen
+target to keep what training and evaluation need per sequence: the hidden states at the
+exit layer for every position, and the last layer's hidden states at the answer positions
+(the teacher's logits are recomputed from them by the head, far cheaper than the layers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from ..model import LoadedModel
+from ..sampling import GenerationParams
+from .block import prefix_hidden
+
+
+@dataclass
+class Example:
+    """One sequence the target produced: the prompt's ids and its answer's ids."""
+
+    prompt: list[int]
+    answer: list[int]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.answer
+
+    @property
+    def positions(self) -> range:
+        """Positions whose next-token distribution a drafter must match: after the prompt's
+        last token through after the answer's last token."""
+        return range(len(self.prompt) - 1, len(self.prompt) + len(self.answer))
+
+
+@dataclass
+class Features:
+    """One example through the frozen target.
+
+    Attributes:
+        exit: (T, D) hidden states at the exit layer, every position.
+        final: (P, D) the last layer's hidden states at the answer positions.
+        start: the first answer position (positions are start .. start + P - 1).
+    """
+
+    exit: mx.array  # (T, D)
+    final: mx.array  # (P, D)
+    start: int
+
+    @property
+    def n(self) -> int:
+        return self.final.shape[0]
+
+
+def split(prompts: list, held_out: float, seed: int = 0) -> tuple[list, list]:
+    """Distinct prompts into (train, held-out), by a seeded hash of their content: the same
+    prompt always lands on the same side, duplicates never on both."""
+    distinct: dict[str, object] = {}
+    for p in prompts:
+        distinct.setdefault(repr(p), p)
+    keyed = sorted(
+        distinct.items(),
+        key=lambda kv: hashlib.sha256(f"{seed}:{kv[0]}".encode()).hexdigest(),
+    )
+    n_held = max(1, round(held_out * len(keyed))) if held_out > 0 and len(keyed) > 1 else 0
+    held = [p for _, p in keyed[:n_held]]
+    train = [p for _, p in keyed[n_held:]]
+    return train, held
+
+
+def answer(
+    target: LoadedModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+    samples: int = 0,
+    temperature: float = 0.7,
+    seed: int = 0,
+    on_result: Callable[[int], None] | None = None,
+) -> list[Example]:
+    """The target's greedy answer to every prompt, then `samples` sampled answers each
+    (seeded), batched with no drafting. `on_result(tokens)` after each answer."""
+    from ..generate import Engine
+
+    reqs = [(p, GenerationParams(max_tokens=max_tokens)) for p in prompts]
+    for j in range(samples):
+        reqs += [
+            (p, GenerationParams(max_tokens=max_tokens, temperature=temperature, seed=seed + j))
+            for p in prompts
+        ]
+    engine = Engine(target, draft="none")
+    done = None if on_result is None else (lambda r: on_result(len(r.tokens)))
+    results = engine.generate_many(reqs, on_result=done)
+    return [Example(list(p), r.tokens) for (p, _), r in zip(reqs, results, strict=True)]
+
+
+def features(
+    target: LoadedModel,
+    examples: list[Example],
+    layer: int,
+    batch_tokens: int = 2048,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[Features]:
+    """Every example once through the frozen target (batched by length, right-padded)."""
+    model = target.model
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
+    out: list[Features | None] = [None] * len(examples)
+    for group in _groups(order, [len(e.tokens) for e in examples], batch_tokens):
+        T = max(len(examples[i].tokens) for i in group)
+        ids = np.zeros((len(group), T), np.int32)
+        for r, i in enumerate(group):
+            t = examples[i].tokens
+            ids[r, : len(t)] = t
+        h_exit, h_last = prefix_hidden(model, mx.array(ids), layer)  # (B, T, D) each
+        for r, i in enumerate(group):
+            e = examples[i]
+            pos = e.positions
+            f = Features(h_exit[r, : len(e.tokens)], h_last[r, pos.start : pos.stop], pos.start)
+            out[i] = f
+        mx.eval([(out[i].exit, out[i].final) for i in group])
+        if on_batch is not None:
+            on_batch(sum(examples[i].positions.stop - examples[i].positions.start for i in group))
+    return out  # type: ignore[return-value]
+
+
+def _groups(order: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Consecutive indices of `order` in groups of at most `batch_tokens` padded tokens."""
+    groups, cur, longest = [], [], 0
+    for i in order:
+        longest2 = max(longest, lengths[i])
+        if cur and longest2 * (len(cur) + 1) > batch_tokens:
+            groups.append(cur)
+            cur, longest2 = [], lengths[i]
+        cur.append(i)
+        longest = longest2
+    if cur:
+        groups.append(cur)
+    return groups
