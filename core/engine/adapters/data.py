@@ -78,21 +78,23 @@ def split(prompts: list, held_out: float, seed: int = 0) -> tuple[list, list]:
 def answer(
     target: LoadedModel,
     prompts: list[list[int]],
-    max_tokens: int,
+    max_tokens: int | list[int],
     samples: int = 0,
     temperature: float = 0.7,
     seed: int = 0,
     on_result: Callable[[int], None] | None = None,
 ) -> list[Example]:
     """The target's greedy answer to every prompt, then `samples` sampled answers each
-    (seeded), batched with no drafting. `on_result(tokens)` after each answer."""
+    (seeded), batched with no drafting; `max_tokens` for all or per prompt.
+    `on_result(tokens)` after each answer."""
     from ..generate import Engine
 
-    reqs = [(p, GenerationParams(max_tokens=max_tokens)) for p in prompts]
+    caps = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    reqs = [(p, GenerationParams(max_tokens=m)) for p, m in zip(prompts, caps, strict=True)]
     for j in range(samples):
         reqs += [
-            (p, GenerationParams(max_tokens=max_tokens, temperature=temperature, seed=seed + j))
-            for p in prompts
+            (p, GenerationParams(max_tokens=m, temperature=temperature, seed=seed + j))
+            for p, m in zip(prompts, caps, strict=True)
         ]
     engine = Engine(target, draft="none")
     done = None if on_result is None else (lambda r: on_result(len(r.tokens)))

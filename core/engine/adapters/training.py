@@ -153,7 +153,10 @@ def train(
     steps = max(1, round(cfg.tokens / per_epoch * steps_per_epoch))
     warm = max(1, int(cfg.warmup * steps))
     schedule = optim.join_schedules(
-        [optim.linear_schedule(cfg.lr * 0.01, cfg.lr, warm), optim.cosine_decay(cfg.lr, max(1, steps - warm))],
+        [
+            optim.linear_schedule(cfg.lr * 0.01, cfg.lr, warm),
+            optim.cosine_decay(cfg.lr, max(1, steps - warm)),
+        ],
         [warm],
     )
     opt = optim.Adam(learning_rate=schedule)
