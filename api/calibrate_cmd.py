@@ -103,8 +103,8 @@ def calibrate_cmd(
     model = settings.resolve_model(model)
     try:
         target = load_model(model)
-    except ModelError as e:
-        raise click.ClickException(str(e)) from e
+    except ModelError as e:  # one line, even when the hub's own message has several
+        raise click.ClickException(" ".join(str(e).split())) from e
     n = target.num_layers
     layer = exit_layer if exit_layer is not None else max(1, n // 5)
     if not 0 < layer < n:
