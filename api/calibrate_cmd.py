@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -75,10 +76,27 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
 @click.option("--max-tokens", type=click.IntRange(min=1), help="Override every line's max_tokens.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--answers",
+    type=click.Path(dir_okay=False),
+    help="Keep the model's answers in this file and reuse them on a later run with the same "
+    "model, data and settings (answering is most of a short calibration).",
+)
 @click.option("--no-save", is_flag=True, help="Measure only; do not store the adapter.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def calibrate_cmd(
-    model, data, exit_layer, tokens, held_out, samples, max_tokens, lr, seed, no_save, as_json
+    model,
+    data,
+    exit_layer,
+    tokens,
+    held_out,
+    samples,
+    max_tokens,
+    lr,
+    seed,
+    answers,
+    no_save,
+    as_json,
 ) -> None:
     """Train an early-exit adapter from the model's own answers to a workload's prompts.
 
@@ -135,10 +153,13 @@ def calibrate_cmd(
             held_out=held_out,
             samples=samples,
             store=not no_save,
+            answers=Path(answers) if answers else None,
             progress=progress,
         )
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+    except OSError as e:  # the answers file
+        raise click.ClickException(f"cannot write {e.filename}: {e.strerror or e}") from e
     finally:
         for bar in bars.values():
             if not bar.finished:

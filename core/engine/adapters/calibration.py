@@ -9,14 +9,16 @@ answers before, along the way (the learning curve) and after.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ..model import LoadedModel
 from .block import new_adapter, target_size
-from .data import answer, features, split
-from .store import save
+from .data import answer, answer_cached, features, split
+from .store import model_key, save
 from .training import TrainConfig, evaluate, train
 
 
@@ -67,9 +69,12 @@ def calibrate(
     samples: int = 2,
     temperature: float = 0.7,
     store: bool = True,
+    answers: Path | None = None,
     progress: Progress = lambda phase, done, total: None,
 ) -> Calibration:
-    """Train, measure and (with `store`) keep an early-exit adapter at `layer`.
+    """Train, measure and (with `store`) keep an early-exit adapter at `layer`. With
+    `answers`, the target's answers are kept in that file and reused by a later run on the
+    same model, prompts and settings (answering is most of a short calibration).
 
     Raises:
         ValueError: a layer out of range, or fewer than two distinct prompts.
@@ -92,17 +97,31 @@ def calibrate(
         done[0] += 1
         progress("answers", done[0], n_answers)
 
-    train_ex = answer(
-        target,
-        train_p,
-        [cap_of[repr(p)] for p in train_p],
-        samples=samples,
-        temperature=temperature,
-        seed=cfg.seed,
-        on_result=answered,
-    )
-    held_ex = answer(target, held_p, [cap_of[repr(p)] for p in held_p], on_result=answered)
-    times["answers_s"] = time.perf_counter() - t0
+    def make():
+        train_ex = answer(
+            target,
+            train_p,
+            [cap_of[repr(p)] for p in train_p],
+            samples=samples,
+            temperature=temperature,
+            seed=cfg.seed,
+            on_result=answered,
+        )
+        held_ex = answer(target, held_p, [cap_of[repr(p)] for p in held_p], on_result=answered)
+        return train_ex + held_ex
+
+    digest = hashlib.sha256(repr((train_p, held_p, caps)).encode()).hexdigest()[:16]
+    key = {
+        "model": model_key(target),
+        "prompts": digest,
+        "samples": samples,
+        "temperature": temperature,
+        "seed": cfg.seed,
+    }
+    examples, reused = answer_cached(answers, key, make)
+    n_train = len(train_p) * (1 + samples)
+    train_ex, held_ex = examples[:n_train], examples[n_train:]
+    times["answers_s" if not reused else "answers_reused_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     train_f = features(target, train_ex, layer)
     held_f = features(target, held_ex, layer)

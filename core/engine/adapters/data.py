@@ -11,8 +11,10 @@ exit layer for every position, and the last layer's hidden states at the answer 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -100,6 +102,25 @@ def answer(
     done = None if on_result is None else (lambda r: on_result(len(r.tokens)))
     results = engine.generate_many(reqs, on_result=done)
     return [Example(list(p), r.tokens) for (p, _), r in zip(reqs, results, strict=True)]
+
+
+def answer_cached(
+    path: Path | None, key: dict, make: Callable[[], list[Example]]
+) -> tuple[list[Example], bool]:
+    """`make()`'s examples, kept in a JSON file at `path` under `key` (what they were made
+    from: model, prompts, settings) and reused while the key matches; (examples, reused)."""
+    if path is not None and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                return [Example(p, a) for p, a in data["examples"]], True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or stale: answered again
+    examples = make()
+    if path is not None:
+        body = {"key": key, "examples": [[e.prompt, e.answer] for e in examples]}
+        path.write_text(json.dumps(body))
+    return examples, False
 
 
 def features(
