@@ -82,6 +82,14 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
     help="Keep the model's answers in this file and reuse them on a later run with the same "
     "model, data and settings (answering is most of a short calibration).",
 )
+@click.option(
+    "--draft-vocab",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Score only the N tokens the training answers hold most in the draft head (a "
+    "cheaper draft token; 0 = the whole vocabulary).",
+)
 @click.option("--no-save", is_flag=True, help="Measure only; do not store the adapter.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def calibrate_cmd(
@@ -95,6 +103,7 @@ def calibrate_cmd(
     lr,
     seed,
     answers,
+    draft_vocab,
     no_save,
     as_json,
 ) -> None:
@@ -154,6 +163,7 @@ def calibrate_cmd(
             samples=samples,
             store=not no_save,
             answers=Path(answers) if answers else None,
+            draft_vocab=draft_vocab,
             progress=progress,
         )
     except ValueError as e:
@@ -181,6 +191,10 @@ def calibrate_cmd(
     click.echo(
         f"  adapter after {report.tokens} positions  {report.after:.3f}  (KL {report.kl_after:.3f})"
     )
+    if report.after_reduced is not None:
+        click.echo(
+            f"  through the {report.draft_vocab} most emitted tokens  {report.after_reduced:.3f}"
+        )
     click.echo("learning curve (training positions seen -> agreement):")
     for seen, a in report.curve:
         click.echo(f"  {seen:>8}  {a:.3f}")

@@ -216,3 +216,46 @@ def test_trained_adapter_drafts_what_its_training_measured(make_tiny):
     drafter = batch.drafters[0]
     got = drafter.propose([seq], [1]).tokens.tolist()[0][0]
     assert got == want
+
+
+def test_reduced_draft_vocabulary_round_trips_drafts_inside_it_and_stays_lossless(make_tiny):
+    from core.engine.adapters.data import top_tokens
+
+    target = make_tiny(0)
+    _, _, train_f, held_f = _data(target, 2)
+    adapter = new_adapter(target.model, 2)
+    train(target.model, adapter, train_f, held_f, TrainConfig(tokens=2000, eval_every=0))
+    examples = answer(target, [target.encode_prompt(t) for t in WORKLOAD[:12]], 20)
+    adapter.vocab = top_tokens(examples, 40, target.eos_token_ids)
+    assert 1 < adapter.vocab.size <= 40
+    assert set(target.eos_token_ids) <= set(adapter.vocab.tolist())
+    reduced, _ = evaluate(target.model, adapter, held_f)
+    path = save(target, adapter, {"agreement": reduced})
+    got = load(path, target)
+    assert got.vocab.tolist() == adapter.vocab.tolist()
+    vocab = set(adapter.vocab.tolist())
+    params = [
+        GenerationParams(max_tokens=24),
+        GenerationParams(max_tokens=24, temperature=0.9, seed=4),
+    ]
+    prompts = [target.encode_prompt(t) for t in WORKLOAD[30:33]]
+    reqs = [(p, q) for p in prompts for q in params]
+    plain = Engine(target, draft="none", surface=FLAT, batch_size=1)
+    want = [plain.generate(p, q).tokens for p, q in reqs]
+    eng = Engine(target, draft="adapter:2", k=3, surface=FLAT, batch_size=3, step_modes=False)
+    assert [r.tokens for r in eng.generate_many(reqs)] == want
+    batch = eng.new_batch()
+    seq = batch.submit(prompts[0], params[1])
+    while not seq.output:
+        batch.step()
+    drafted = batch.drafters[0].propose([seq], [4]).tokens.tolist()[0]
+    assert set(drafted) <= vocab
+
+
+def test_corrupt_draft_vocabulary_is_refused(make_tiny):
+    target = make_tiny(0)
+    adapter = new_adapter(target.model, 2)
+    adapter.vocab = mx.array([1, 2, 5000], dtype=mx.int32)  # past the 259 tokens
+    path = save(target, adapter, {"agreement": 0.5})
+    with pytest.raises(AdapterError, match="draft vocabulary outside"):
+        load(path, target)

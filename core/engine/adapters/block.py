@@ -27,6 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..scorer import head
+
 KIND = "early-exit"
 # Frozen: the target's own, so the block's keys/values equal the target's layer-L entries.
 FROZEN = ("input_layernorm", "self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm")
@@ -41,12 +43,16 @@ class Adapter:
         layer: L, where the block sits: the target's layers [0, L) run before it.
         block: the trained block (an mlx-lm decoder layer of the target's family).
         meta: what the store keeps beside the weights (model key, agreement, tokens, curve).
+        vocab: (Vr,) int32 token ids the draft head scores (the tokens the target emits
+            most), or None for the whole vocabulary; the others are never drafted.
     """
 
     kind: str
     layer: int
     block: nn.Module
     meta: dict = field(default_factory=dict)
+    vocab: mx.array | None = None  # (Vr,)
+    _rows: mx.array | None = field(default=None, repr=False)  # (Vr, D) head rows of `vocab`
 
     @property
     def agreement(self) -> float:
@@ -112,13 +118,35 @@ def draft_hidden(adapter: Adapter, h_exit: mx.array) -> mx.array:
     return adapter.block(h_exit, mask)
 
 
+def draft_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
+    """(..., D) block outputs -> (..., V) draft logits: the target's norm and head, over the
+    adapter's reduced vocabulary when it has one (-inf elsewhere)."""
+    if adapter.vocab is None:
+        return head(model, h)
+    if adapter._rows is None or adapter._rows.shape[0] != adapter.vocab.size:
+        if hasattr(model, "lm_head"):
+            if not isinstance(model.lm_head, nn.Linear) or hasattr(model.lm_head, "scales"):
+                raise ValueError("a reduced draft vocabulary needs an unquantized output head")
+            adapter._rows = model.lm_head.weight[adapter.vocab]
+        else:  # tied: the embedding rows are the head's rows (dequantized by the lookup)
+            adapter._rows = model.model.embed_tokens(adapter.vocab)
+    small = model.model.norm(h) @ adapter._rows.T  # (..., Vr)
+    V = model.model.embed_tokens.weight.shape[0]
+    full = mx.full((*small.shape[:-1], V), -mx.inf, dtype=small.dtype)
+    full[..., adapter.vocab] = small
+    return full
+
+
 def weight_share(model: nn.Module, adapter: Adapter) -> float:
     """The share of the target's weights one draft token reads (layers [0, L), the block,
-    the head), counting the block as the size of a target layer."""
+    the head or its reduced rows), counting the block as the size of a target layer."""
     total = _count(model)
     part = sum(_count(b) for b in model.model.layers[: adapter.layer + 1])
     emb = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
-    return (part + _count(emb)) / total
+    rows = _count(emb)
+    if adapter.vocab is not None:
+        rows = rows * adapter.vocab.size / model.model.embed_tokens.weight.shape[0]
+    return (part + rows) / total
 
 
 def _count(module: nn.Module) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..model import LoadedModel
 from .block import new_adapter, target_size
-from .data import answer, answer_cached, features, split
+from .data import answer, answer_cached, features, split, top_tokens
 from .store import model_key, save
 from .training import TrainConfig, evaluate, train
 
@@ -30,6 +30,8 @@ class Calibration:
         early_exit: plain early exit at L (no trained block).
         before: the untrained adapter (layer L copied: early exit at L + 1).
         after: the trained adapter.
+        draft_vocab / after_reduced: the reduced draft vocabulary's size and the trained
+            adapter's agreement through it (None: the whole vocabulary).
         curve: [(training positions seen, agreement)].
         path: where the adapter was stored (None: not stored).
     """
@@ -50,6 +52,8 @@ class Calibration:
     tokens: int
     curve: list[tuple[int, float]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    draft_vocab: int | None = None
+    after_reduced: float | None = None
     path: str | None = None
 
     def to_json(self) -> dict:
@@ -70,11 +74,14 @@ def calibrate(
     temperature: float = 0.7,
     store: bool = True,
     answers: Path | None = None,
+    draft_vocab: int = 0,
     progress: Progress = lambda phase, done, total: None,
 ) -> Calibration:
     """Train, measure and (with `store`) keep an early-exit adapter at `layer`. With
     `answers`, the target's answers are kept in that file and reused by a later run on the
-    same model, prompts and settings (answering is most of a short calibration).
+    same model, prompts and settings (answering is most of a short calibration). With
+    `draft_vocab`, the draft head scores only that many tokens the training answers
+    hold most (a cheaper head; the block is trained with the whole one).
 
     Raises:
         ValueError: a layer out of range, or fewer than two distinct prompts.
@@ -136,6 +143,10 @@ def calibrate(
 
     result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
     times["train_s"] = time.perf_counter() - t2
+    after_reduced = None
+    if draft_vocab:
+        adapter.vocab = top_tokens(train_ex, draft_vocab, target.eos_token_ids)
+        after_reduced, _ = evaluate(target.model, adapter, held_f)
     params = adapter.size()
     report = Calibration(
         model=target.name,
@@ -154,14 +165,17 @@ def calibrate(
         tokens=result.tokens,
         curve=result.curve,
         seconds={k: round(v, 2) for k, v in times.items()},
+        draft_vocab=None if adapter.vocab is None else int(adapter.vocab.size),
+        after_reduced=after_reduced,
     )
     if store:
         meta = {
-            "agreement": result.after,
+            "agreement": result.after if after_reduced is None else after_reduced,
             "early_exit_agreement": early,
             "tokens": result.tokens,
             "curve": result.curve,
             "held_out_positions": report.held_out_positions,
+            "full_vocab_agreement": result.after,
         }
         report.path = str(save(target, adapter, meta))
     return report

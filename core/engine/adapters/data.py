@@ -104,6 +104,18 @@ def answer(
     return [Example(list(p), r.tokens) for (p, _), r in zip(reqs, results, strict=True)]
 
 
+def top_tokens(examples: list[Example], n: int, always: set[int] = frozenset()) -> mx.array:
+    """(Vr,) int32 sorted: the `n` tokens the answers hold most (ties: lower id first),
+    plus `always` (the EOS tokens a row drafts at its end)."""
+    counts: dict[int, int] = {}
+    for e in examples:
+        for t in e.answer:
+            counts[t] = counts.get(t, 0) + 1
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    keep = set(ranked[: max(0, n - len(always))]) | set(always)
+    return mx.array(sorted(keep), dtype=mx.int32)
+
+
 def answer_cached(
     path: Path | None, key: dict, make: Callable[[], list[Example]]
 ) -> tuple[list[Example], bool]:

@@ -27,6 +27,7 @@ from ..model import LoadedModel
 from .block import Adapter, new_adapter
 
 FORMAT = "applespec-adapter/1"
+VOCAB = "draft_vocab"  # the reduced draft vocabulary's token ids, when there is one
 HINT = "run `applespec calibrate --model {model} --data PROMPTS.jsonl` to train one"
 
 
@@ -68,6 +69,9 @@ def save(target: LoadedModel, adapter: Adapter, meta: dict | None = None) -> Pat
     path = folder / f"{adapter.kind}-L{adapter.layer}-{stamp}.safetensors"
     tmp = path.with_suffix(".tmp.safetensors")
     weights = {k: v.astype(mx.float32) for k, v in adapter.trainable().items()}
+    if adapter.vocab is not None:
+        weights[VOCAB] = adapter.vocab.astype(mx.int32)
+        info["vocab_size"] = int(adapter.vocab.size)
     mx.save_safetensors(str(tmp), weights, metadata={k: json.dumps(v) for k, v in info.items()})
     tmp.replace(path)
     adapter.meta = info
@@ -130,6 +134,14 @@ def load(path: Path | str, target: LoadedModel) -> Adapter:
         except Exception as e:  # MLX raises RuntimeError/ValueError for truncated files
             raise AdapterError(f"{path}: corrupt adapter file ({e})") from e
         want = adapter.trainable()
+        vocab = weights.get(VOCAB)
+        if vocab is not None:
+            V = target.vocab_size
+            if vocab.ndim != 1 or vocab.dtype != mx.int32 or not 0 < vocab.size <= V:
+                raise AdapterError(f"{path}: corrupt draft vocabulary")
+            if vocab.min().item() < 0 or vocab.max().item() >= V:
+                raise AdapterError(f"{path}: draft vocabulary outside {target.name!r}'s {V} tokens")
+            want = {**want, VOCAB: vocab}
         if set(weights) != set(want):
             missing, extra = sorted(set(want) - set(weights)), sorted(set(weights) - set(want))
             raise AdapterError(
@@ -142,12 +154,16 @@ def load(path: Path | str, target: LoadedModel) -> Adapter:
                     f"{path}: {name} has shape {tuple(v.shape)}, "
                     f"{target.name!r} needs {tuple(want[name].shape)}"
                 )
-        if not all(mx.isfinite(v).all().item() for v in weights.values()):
+        floats = [v for k, v in weights.items() if k != VOCAB]
+        if not all(mx.isfinite(v).all().item() for v in floats):
             raise AdapterError(f"{path}: corrupt adapter file (non-finite weights)")
         _WEIGHTS.clear()  # keep one file's weights: the one in use
         _WEIGHTS[memo] = weights
     dtype = target.model.model.norm.weight.dtype
-    adapter.block.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=False)
+    adapter.block.load_weights(
+        [(k, v.astype(dtype)) for k, v in weights.items() if k != VOCAB], strict=False
+    )
+    adapter.vocab = weights.get(VOCAB)
     adapter.meta = meta
     return adapter
 

@@ -21,7 +21,7 @@ import mlx.optimizers as optim
 import numpy as np
 
 from ..scorer import head
-from .block import Adapter, draft_hidden
+from .block import Adapter, draft_hidden, draft_logits
 from .data import Features
 
 
@@ -101,7 +101,9 @@ def evaluate(
     model: nn.Module, adapter: Adapter | None, feats: list[Features], batch_tokens: int = 2048
 ) -> tuple[float, float]:
     """(top-1 agreement, mean KL) of the draft with the full model on `feats`. With no
-    adapter: plain early exit at the features' layer (norm + head on the exit states)."""
+    adapter: plain early exit at the features' layer (norm + head on the exit states). An
+    adapter with a reduced vocabulary agrees only through its tokens (the KL is its full
+    head's)."""
     agree, kl, n = 0.0, 0.0, 0
     for group in _chunks(feats, batch_tokens):
         x, final, idx = _batch(group)
@@ -110,7 +112,11 @@ def evaluate(
             student = head(model, x.reshape(-1, x.shape[-1])[idx])
         else:
             student = _logits(model, adapter, x, idx)
-        a = (teacher.argmax(-1) == student.argmax(-1)).sum()
+        drafted = student
+        if adapter is not None and adapter.vocab is not None:
+            h = draft_hidden(adapter, x)
+            drafted = draft_logits(model, adapter, h.reshape(-1, h.shape[-1])[idx])
+        a = (teacher.argmax(-1) == drafted.argmax(-1)).sum()
         k = _kl(teacher, student).sum()
         mx.eval(a, k)
         agree += a.item()

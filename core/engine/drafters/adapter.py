@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..adapters.block import Adapter, weight_share
-from ..scorer import Segment, forward, head
+from ..adapters.block import Adapter, draft_logits, weight_share
+from ..scorer import Segment, forward
 from .early_exit import EarlyExitDrafter
 
 
@@ -30,8 +30,14 @@ class AdapterDrafter(EarlyExitDrafter):
         self._share = weight_share(target.model, adapter)
 
     def _logits(self, h: mx.array, slots: list[int]) -> mx.array:
-        L, model = self.exit_layer, self.target.model
+        L, model, adapter = self.exit_layer, self.target.model, self.adapter
         seg = Segment(slots, [[0]] * len(slots), hidden=h, start_layer=L)
-        out = forward(model, self.cache, [seg], stop=L + 1, blocks={L: self.adapter.block})[0]
-        # With L + 1 the last layer, forward already applied the norm and head.
-        return out if L + 1 == self.target.num_layers else head(model, out)
+        out = forward(model, self.cache, [seg], stop=L + 1, blocks={L: adapter.block})[0]
+        if L + 1 < self.target.num_layers:
+            return draft_logits(model, adapter, out)  # (n, V)
+        # L + 1 is the last layer: forward applied the norm and the whole head already.
+        if adapter.vocab is None:
+            return out
+        keep = mx.zeros((out.shape[-1],), mx.bool_)
+        keep[adapter.vocab] = True
+        return mx.where(keep, out, -mx.inf)
