@@ -79,8 +79,8 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
 @click.option(
     "--answers",
     type=click.Path(dir_okay=False),
-    help="Keep the model's answers in this file and reuse them on a later run with the same "
-    "model, data and settings (answering is most of a short calibration).",
+    help="Keep the model's answers in this file (their features beside it) and reuse them on "
+    "a later run with the same model, data and settings.",
 )
 @click.option(
     "--draft-vocab",
@@ -141,11 +141,19 @@ def calibrate_cmd(
     caps = [max_tokens or generation_params(r).max_tokens for r in requests]
     cfg = TrainConfig(tokens=tokens, lr=lr, seed=seed, eval_every=max(1, tokens // 8))
     bars: dict[str, object] = {}
+    tty = sys.stderr.isatty()
+    shown: dict[str, int] = {}
 
     def progress(phase: str, done: int, total: int) -> None:
+        label = {"answers": "answering", "train": "training"}[phase]
+        if not tty:  # a log: a line per tenth
+            tenth = done * 10 // max(total, 1)
+            if tenth > shown.get(phase, -1):
+                shown[phase] = tenth
+                click.echo(f"{label} {done}/{total}", err=True)
+            return
         bar = bars.get(phase)
         if bar is None:
-            label = {"answers": "answering", "train": "training"}[phase]
             bar = bars[phase] = click.progressbar(length=total, label=label, file=sys.stderr)
             bar.__enter__()
         bar.update(done - bar.pos)

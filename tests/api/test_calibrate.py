@@ -115,12 +115,14 @@ def test_answers_are_kept_and_reused(tmp_path):
     job = write_job(tmp_path / "job.jsonl", LINES)
     answers = tmp_path / "answers.json"
     args = ["--data", job, "--tokens", "300", "--max-tokens", "6", "--samples", "1"]
+    args += ["--exit-layer", "2"]
     first = _calibrate(*args, "--answers", str(answers), "--json", "--no-save")
     assert first.exit_code == 0, first.output
     assert answers.exists() and "answers_s" in json.loads(first.stdout)["seconds"]
     again = _calibrate(*args, "--answers", str(answers), "--json", "--no-save")
     assert again.exit_code == 0, again.output
-    assert "answers_reused_s" in json.loads(again.stdout)["seconds"]
+    assert {"answers_reused_s", "features_reused_s"} <= set(json.loads(again.stdout)["seconds"])
+    assert (tmp_path / "answers.json.L2.safetensors").exists()
     assert json.loads(again.stdout)["after"] == json.loads(first.stdout)["after"]  # seeded
     other = _calibrate(*args, "--answers", str(answers), "--json", "--no-save", "--seed", "1")
     assert "answers_s" in json.loads(other.stdout)["seconds"]  # other settings: answered again

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..model import LoadedModel
 from .block import new_adapter, target_size
-from .data import answer, answer_cached, features, split, top_tokens
+from .data import answer, answer_cached, features, features_cached, split, top_tokens
 from .store import model_key, save
 from .training import TrainConfig, evaluate, train
 
@@ -78,8 +78,9 @@ def calibrate(
     progress: Progress = lambda phase, done, total: None,
 ) -> Calibration:
     """Train, measure and (with `store`) keep an early-exit adapter at `layer`. With
-    `answers`, the target's answers are kept in that file and reused by a later run on the
-    same model, prompts and settings (answering is most of a short calibration). With
+    `answers`, the target's answers are kept in that file (and their features at the layer
+    beside it, `<answers>.L<layer>.safetensors`) and reused by a later run on the same model,
+    prompts and settings (answering and the features are most of a short calibration). With
     `draft_vocab`, the draft head scores only that many tokens the training answers
     hold most (a cheaper head; the block is trained with the whole one).
 
@@ -130,9 +131,16 @@ def calibrate(
     train_ex, held_ex = examples[:n_train], examples[n_train:]
     times["answers_s" if not reused else "answers_reused_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    train_f = features(target, train_ex, layer)
-    held_f = features(target, held_ex, layer)
-    times["features_s"] = time.perf_counter() - t1
+    feats_path = (
+        None if answers is None else answers.with_name(f"{answers.name}.L{layer}.safetensors")
+    )
+    feats, feats_reused = features_cached(
+        feats_path,
+        {**key, "layer": layer},
+        lambda: features(target, train_ex, layer) + features(target, held_ex, layer),
+    )
+    train_f, held_f = feats[: len(train_ex)], feats[len(train_ex) :]
+    times["features_s" if not feats_reused else "features_reused_s"] = time.perf_counter() - t1
     early, _ = evaluate(target.model, None, held_f)
     t2 = time.perf_counter()
     seen = [0]

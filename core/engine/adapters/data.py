@@ -164,6 +164,33 @@ def features(
     return out  # type: ignore[return-value]
 
 
+def features_cached(
+    path: Path | None, key: dict, make: Callable[[], list[Features]]
+) -> tuple[list[Features], bool]:
+    """`make()`'s features, kept in a safetensors file at `path` under `key` and reused
+    while the key matches (a full forward over every sequence: the other costly part of a
+    calibration); (features, reused)."""
+    tag = json.dumps(key, sort_keys=True)
+    if path is not None and path.exists():
+        try:
+            arrays, meta = mx.load(str(path), return_metadata=True)
+            if meta.get("key") == tag:
+                n = int(meta["n"])
+                starts = arrays["starts"].tolist()
+                return [
+                    Features(arrays[f"exit.{i}"], arrays[f"final.{i}"], starts[i]) for i in range(n)
+                ], True
+        except (OSError, ValueError, KeyError, RuntimeError):
+            pass  # unreadable or stale: computed again
+    feats = make()
+    if path is not None:
+        arrays = {f"exit.{i}": f.exit for i, f in enumerate(feats)}
+        arrays.update({f"final.{i}": f.final for i, f in enumerate(feats)})
+        arrays["starts"] = mx.array([f.start for f in feats], dtype=mx.int32)
+        mx.save_safetensors(str(path), arrays, metadata={"key": tag, "n": str(len(feats))})
+    return feats, False
+
+
 def _groups(order: list[int], lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Consecutive indices of `order` in groups of at most `batch_tokens` padded tokens."""
     groups, cur, longest = [], [], 0
