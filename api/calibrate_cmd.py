@@ -199,10 +199,8 @@ def calibrate_cmd(
     click.echo(
         f"  adapter after {report.tokens} positions  {report.after:.3f}  (KL {report.kl_after:.3f})"
     )
-    if report.after_reduced is not None:
-        click.echo(
-            f"  through the {report.draft_vocab} most emitted tokens  {report.after_reduced:.3f}"
-        )
+    if report.draft_vocab is not None:
+        click.echo(f"  (the adapter drafts the {report.draft_vocab} tokens its answers hold most)")
     click.echo("learning curve (training positions seen -> agreement):")
     for seen, a in report.curve:
         click.echo(f"  {seen:>8}  {a:.3f}")

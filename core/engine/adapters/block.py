@@ -118,11 +118,9 @@ def draft_hidden(adapter: Adapter, h_exit: mx.array) -> mx.array:
     return adapter.block(h_exit, mask)
 
 
-def draft_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
-    """(..., D) block outputs -> (..., V) draft logits: the target's norm and head, over the
-    adapter's reduced vocabulary when it has one (-inf elsewhere)."""
-    if adapter.vocab is None:
-        return head(model, h)
+def reduced_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
+    """(..., D) hidden states -> (..., Vr) logits of the adapter's vocabulary only (the
+    target's norm, then its head rows for those tokens)."""
     if adapter._rows is None or adapter._rows.shape[0] != adapter.vocab.size:
         if hasattr(model, "lm_head"):
             if not isinstance(model.lm_head, nn.Linear) or hasattr(model.lm_head, "scales"):
@@ -130,7 +128,15 @@ def draft_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
             adapter._rows = model.lm_head.weight[adapter.vocab]
         else:  # tied: the embedding rows are the head's rows (dequantized by the lookup)
             adapter._rows = model.model.embed_tokens(adapter.vocab)
-    small = model.model.norm(h) @ adapter._rows.T  # (..., Vr)
+    return model.model.norm(h) @ adapter._rows.T
+
+
+def draft_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
+    """(..., D) block outputs -> (..., V) draft logits: the target's norm and head, over the
+    adapter's reduced vocabulary when it has one (-inf elsewhere)."""
+    if adapter.vocab is None:
+        return head(model, h)
+    small = reduced_logits(model, adapter, h)  # (..., Vr)
     V = model.model.embed_tokens.weight.shape[0]
     full = mx.full((*small.shape[:-1], V), -mx.inf, dtype=small.dtype)
     full[..., adapter.vocab] = small

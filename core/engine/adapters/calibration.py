@@ -30,8 +30,8 @@ class Calibration:
         early_exit: plain early exit at L (no trained block).
         before: the untrained adapter (layer L copied: early exit at L + 1).
         after: the trained adapter.
-        draft_vocab / after_reduced: the reduced draft vocabulary's size and the trained
-            adapter's agreement through it (None: the whole vocabulary).
+        draft_vocab: the reduced draft vocabulary's size (None: the whole vocabulary); the
+            adapter's agreements are then through it.
         curve: [(training positions seen, agreement)].
         path: where the adapter was stored (None: not stored).
     """
@@ -53,7 +53,6 @@ class Calibration:
     curve: list[tuple[int, float]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     draft_vocab: int | None = None
-    after_reduced: float | None = None
     path: str | None = None
 
     def to_json(self) -> dict:
@@ -82,7 +81,7 @@ def calibrate(
     beside it, `<answers>.L<layer>.safetensors`) and reused by a later run on the same model,
     prompts and settings (answering and the features are most of a short calibration). With
     `draft_vocab`, the draft head scores only that many tokens the training answers
-    hold most (a cheaper head; the block is trained with the whole one).
+    hold most (a cheaper draft token, and cheaper training).
 
     Raises:
         ValueError: a layer out of range, or fewer than two distinct prompts.
@@ -149,12 +148,10 @@ def calibrate(
         seen[0] += n
         progress("train", min(seen[0], cfg.tokens), cfg.tokens)
 
-    result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
-    times["train_s"] = time.perf_counter() - t2
-    after_reduced = None
     if draft_vocab:
         adapter.vocab = top_tokens(train_ex, draft_vocab, target.eos_token_ids)
-        after_reduced, _ = evaluate(target.model, adapter, held_f)
+    result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
+    times["train_s"] = time.perf_counter() - t2
     params = adapter.size()
     report = Calibration(
         model=target.name,
@@ -174,16 +171,14 @@ def calibrate(
         curve=result.curve,
         seconds={k: round(v, 2) for k, v in times.items()},
         draft_vocab=None if adapter.vocab is None else int(adapter.vocab.size),
-        after_reduced=after_reduced,
     )
     if store:
         meta = {
-            "agreement": result.after if after_reduced is None else after_reduced,
+            "agreement": result.after,
             "early_exit_agreement": early,
             "tokens": result.tokens,
             "curve": result.curve,
             "held_out_positions": report.held_out_positions,
-            "full_vocab_agreement": result.after,
         }
         report.path = str(save(target, adapter, meta))
     return report

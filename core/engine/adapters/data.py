@@ -55,6 +55,7 @@ class Features:
     exit: mx.array  # (T, D)
     final: mx.array  # (P, D)
     start: int
+    top1: mx.array | None = None  # (P,) the target's token at each position, once computed
 
     @property
     def n(self) -> int:

@@ -8,6 +8,10 @@ settings give the same adapter.
 Evaluation: top-1 agreement with the full model on held-out examples, the share of
 positions where the draft's argmax is the target's argmax (what a greedy row accepts per
 token, before the chain effect).
+
+An adapter with a reduced vocabulary is trained and measured through it: the teacher is the
+target's distribution renormalized over those tokens (both heads then cost Vr / V of the
+whole one), and a position whose target token lies outside them counts as a disagreement.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import mlx.optimizers as optim
 import numpy as np
 
 from ..scorer import head
-from .block import Adapter, draft_hidden, draft_logits
+from .block import Adapter, draft_hidden, reduced_logits
 from .data import Features
 
 
@@ -85,9 +89,16 @@ def _batch(feats: list[Features]) -> tuple[mx.array, mx.array, mx.array]:
 
 
 def _logits(model: nn.Module, adapter: Adapter, x: mx.array, idx: mx.array) -> mx.array:
-    """(B, T, D) exit states -> (M, V) draft logits at the flat positions `idx`."""
+    """(B, T, D) exit states -> (M, V or Vr) draft logits at the flat positions `idx`."""
     h = draft_hidden(adapter, x)
-    return head(model, h.reshape(-1, h.shape[-1])[idx])
+    return _head(model, adapter, h.reshape(-1, h.shape[-1])[idx])
+
+
+def _head(model: nn.Module, adapter: Adapter | None, h: mx.array) -> mx.array:
+    """The whole head, or the adapter's reduced one."""
+    if adapter is None or adapter.vocab is None:
+        return head(model, h)
+    return reduced_logits(model, adapter, h)
 
 
 def _kl(teacher: mx.array, student: mx.array) -> mx.array:
@@ -97,26 +108,33 @@ def _kl(teacher: mx.array, student: mx.array) -> mx.array:
     return (mx.exp(t) * (t - s)).sum(-1)
 
 
+def _top1(model: nn.Module, feats: list[Features]) -> None:
+    """Each example's target tokens (the whole head's argmax), computed once."""
+    for f in feats:
+        if f.top1 is None:
+            f.top1 = head(model, f.final).argmax(-1)
+            mx.eval(f.top1)
+
+
 def evaluate(
     model: nn.Module, adapter: Adapter | None, feats: list[Features], batch_tokens: int = 2048
 ) -> tuple[float, float]:
     """(top-1 agreement, mean KL) of the draft with the full model on `feats`. With no
-    adapter: plain early exit at the features' layer (norm + head on the exit states). An
-    adapter with a reduced vocabulary agrees only through its tokens (the KL is its full
-    head's)."""
+    adapter: plain early exit at the features' layer (norm + head on the exit states)."""
+    _top1(model, feats)
     agree, kl, n = 0.0, 0.0, 0
     for group in _chunks(feats, batch_tokens):
         x, final, idx = _batch(group)
-        teacher = head(model, final)
+        want = mx.concatenate([f.top1 for f in group])
+        teacher = _head(model, adapter, final)
         if adapter is None:
             student = head(model, x.reshape(-1, x.shape[-1])[idx])
         else:
             student = _logits(model, adapter, x, idx)
-        drafted = student
+        drafted = student.argmax(-1)
         if adapter is not None and adapter.vocab is not None:
-            h = draft_hidden(adapter, x)
-            drafted = draft_logits(model, adapter, h.reshape(-1, h.shape[-1])[idx])
-        a = (teacher.argmax(-1) == drafted.argmax(-1)).sum()
+            drafted = adapter.vocab[drafted]
+        a = (want == drafted).sum()
         k = _kl(teacher, student).sum()
         mx.eval(a, k)
         agree += a.item()
@@ -168,7 +186,7 @@ def train(
     opt = optim.Adam(learning_rate=schedule)
 
     def loss_fn(x, final, idx):
-        teacher = mx.stop_gradient(head(model, final))
+        teacher = mx.stop_gradient(_head(model, adapter, final))
         return _kl(teacher, _logits(model, adapter, x, idx)).mean()
 
     step_fn = nn.value_and_grad(adapter.block, loss_fn)
