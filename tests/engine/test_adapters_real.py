@@ -31,7 +31,6 @@ def test_adapter_is_within_five_percent_of_the_target(smollm2):
 
 
 def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):
-    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
     L = 6
     chats = [smollm2.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     held = [smollm2.encode_chat([{"role": "user", "content": HELD}])]
@@ -41,6 +40,8 @@ def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkey
     r = train(smollm2.model, adapter, train_f, held_f, TrainConfig(tokens=600, eval_every=0))
     early, _ = evaluate(smollm2.model, None, held_f)
     assert r.after > early
+    # (answered above with the machine's measured cost surface; the adapter goes elsewhere)
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
     save(smollm2, adapter, {"agreement": r.after})
     params = GenerationParams(max_tokens=32)
     for prompt in (held[0], chats[1]):
