@@ -8,6 +8,7 @@ import click
 
 from api.bench_cmd import bench
 from api.blas import reexec_with_openblas
+from api.calibrate_cmd import calibrate_cmd
 from api.keys_cmds import keys_group
 from api.models_cmds import models
 from api.report_cmd import report_cmd
@@ -33,7 +34,16 @@ def cli() -> None:
     """AppleSpec: batch LLM inference with lossless speculative decoding on MLX."""
 
 
-for _command in (run_cmd, bench, models, *SERVICE_COMMANDS, serve_cmd, keys_group, report_cmd):
+for _command in (
+    run_cmd,
+    bench,
+    calibrate_cmd,
+    models,
+    *SERVICE_COMMANDS,
+    serve_cmd,
+    keys_group,
+    report_cmd,
+):
     cli.add_command(_command)
 
 

@@ -145,6 +145,8 @@ class Engine:
             n = target.num_layers
             if not 0 < int(arg) < n:
                 raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
+        # A stored self-drafter (`adapter`; `auto` when one is stored), loaded once.
+        self.adapter = registry.stored_adapter(target, entry.name, arg)
         if entry.name == "draft-model" and draft_model is None:
             draft_model = load_model(arg)
         if draft_model is not None:

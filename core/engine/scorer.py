@@ -263,13 +263,21 @@ def head(model: nn.Module, h: mx.array) -> mx.array:
 
 
 def forward(
-    model: nn.Module, cache: BatchKVCache, segments: list[Segment], stop: int | None = None
+    model: nn.Module,
+    cache: BatchKVCache,
+    segments: list[Segment],
+    stop: int | None = None,
+    blocks: dict[int, nn.Module] | None = None,
 ) -> list[mx.array | None]:
     """Run `segments` through the model's layers [start, stop) writing their K/V.
 
     Returns, per segment, its logits: (N_seg, V) for "all", (R, V) for "last", None for
     "none"; with `stop` set (early-exit drafting), the hidden states at layer `stop`
     instead: (N_seg, D) packed.
+
+    `blocks` (layer index -> a decoder layer) runs those layers instead of the model's own,
+    reading and writing that layer's cache entries (a trained draft block); None (the
+    default) runs the model's own layers.
 
     The cache lengths are not changed: the caller commits what it keeps.
     """
@@ -301,7 +309,7 @@ def forward(
         live = [p for p in ordered if p.seg.start_layer <= i]
         if len(live) != len(writes_for):  # the live set grows as segments enter
             writes_for, writes = live, _writes(live)
-        layer = layers[i]
+        layer = blocks.get(i, layers[i]) if blocks else layers[i]
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), live, cache, i, writes)
         x = layer.post_attention_layernorm(h)
         if cpu_math.applies(x) and cpu_math.is_swiglu_mlp(layer.mlp):

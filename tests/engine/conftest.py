@@ -49,3 +49,36 @@ def small_vocab(tokenizer):
 @pytest.fixture
 def flat_cost():
     return CostSurface.flat()
+
+
+ADAPTER_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog",
+    "1, 2, 3, 1, 2, 3, 1, 2,",
+    "Copy: the red car. Again: the red",
+    "def add(a, b):\n    return a + b\n\ndef add(",
+]
+
+
+def store_adapter(target: LoadedModel, layer: int, tokens: int = 600, prompts=None):
+    """Train an early-exit adapter for `target` at `layer` briefly (seeded) and store it
+    under the current APPLESPEC_HOME, unless one is stored already; returns its path."""
+    from core.engine.adapters import TrainConfig, answer, features, new_adapter, save, stored
+    from core.engine.adapters import train as train_adapter
+
+    have = stored(target, layer)
+    if have:
+        return have[0][1]
+    texts = prompts or ADAPTER_PROMPTS  # strings, or token lists
+    ids = [target.encode_prompt(t) if isinstance(t, str) else list(t) for t in texts]
+    ex = answer(target, ids, 16, samples=1)
+    feats = features(target, ex, layer)
+    adapter = new_adapter(target.model, layer)
+    cfg = TrainConfig(tokens=tokens, eval_every=0, batch_tokens=256)
+    r = train_adapter(target.model, adapter, feats, feats, cfg)
+    return save(target, adapter, {"agreement": r.after})
+
+
+@pytest.fixture(scope="session")
+def adapter_home(tmp_path_factory):
+    """One APPLESPEC_HOME for the session's stored test adapters."""
+    return tmp_path_factory.mktemp("adapter-home")

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
-from tests.engine.conftest import SMALL_VOCAB
+from tests.engine.conftest import SMALL_VOCAB, store_adapter
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -26,11 +26,23 @@ DRAFTERS = [
     "auto",
     "draft-model:same",
     "draft-model:other",
+    "adapter:1",
+    "adapter:3",
+    "adapter",
 ]
 FLAT = CostSurface.flat()
 
 
+@pytest.fixture(autouse=True)
+def _adapters(adapter_home, monkeypatch):
+    """Trained adapters live in one session data directory (`auto` uses them too)."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+
+
 def engine(target, drafter, make_tiny, k=None, batch=4, **kw):
+    if drafter.startswith("adapter") or drafter == "auto":
+        for layer in (1, target.num_layers - 1):  # L + 1 = the last layer: forward's head
+            store_adapter(target, layer)
     if drafter.startswith("draft-model"):
         kw["draft_model"] = target if drafter.endswith("same") else make_tiny(99)
         kw.setdefault("draft_cost", 0.1)
@@ -119,7 +131,10 @@ def _exact_two_tokens(model, prompt, V):
     return exact
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "early-exit:2", "draft-model:noisy", "tree"])
+@pytest.mark.parametrize(
+    "drafter",
+    ["none", "ngram", "early-exit:2", "draft-model:noisy", "tree", "adapter:1", "adapter:2"],
+)
 def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
     """Three rows with different prompts share each batch; per row, the joint distribution
     of its first two tokens over 600 seeds matches the exact target distribution
@@ -135,6 +150,8 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
             "draft_cost": 0.1,
         }
     prompts = [[1, 2, 3, 4], [5, 0, 1], [2, 2, 2, 2, 2]]
+    if drafter.startswith("adapter"):
+        store_adapter(target, int(drafter.split(":")[1]), prompts=[[0, 1, 2], [3, 4, 5, 1]])
     exact = [_exact_two_tokens(target.model, p, V) for p in prompts]
     eng = Engine(target, draft=drafter, k=3, surface=FLAT, batch_size=3, **extra)
     runs = 600

@@ -45,6 +45,11 @@ def _layer(arg: str) -> None:
         raise ValueError(f"early-exit takes a layer number, got {arg!r}")
 
 
+def _adapter_layer(arg: str) -> None:
+    if not arg.isdigit():
+        raise ValueError(f"adapter takes a layer number, got {arg!r}")
+
+
 def _ngram(engine, arg):
     from .ngram import NgramDrafter
 
@@ -67,13 +72,39 @@ def _suffix(engine, arg):
     return [SuffixDrafter(engine)]
 
 
+def _adapter(engine, arg):
+    from .adapter import AdapterDrafter
+
+    return [AdapterDrafter(engine.target, engine.cache, engine.engine.adapter)]
+
+
+def stored_adapter(target, name: str, arg: str | None):
+    """The stored self-drafter a spec uses, loaded once per engine (None when it uses none).
+
+    `adapter[:L]` raises AdapterError (a ValueError naming `applespec calibrate`) when no
+    usable one is stored; `auto` takes the best one that loads, else goes without.
+    """
+    if name not in ("adapter", "auto"):
+        return None
+    from ..adapters.store import AdapterError, best
+
+    if name == "adapter":
+        return best(target, int(arg) if arg else None)
+    try:
+        return best(target)
+    except AdapterError:
+        return None  # a corrupt or foreign file: the other drafters draft
+
+
 def _auto(engine, arg):
-    # Prompt lookup, the job's suffix index, and the draft model when one is configured;
-    # each row uses the one whose measured acceptance promises the most tokens per unit
-    # of time.
+    # Prompt lookup, the job's suffix index, the draft model when one is configured and
+    # the best stored self-drafter when there is one; each row uses the one whose measured
+    # acceptance promises the most tokens per unit of time.
     out = _ngram(engine, None) + _suffix(engine, None)
     if engine.draft_model is not None:
         out.append(engine.draft_model_drafter())
+    if engine.engine.adapter is not None:
+        out += _adapter(engine, None)
     return out
 
 
@@ -91,6 +122,13 @@ ENTRIES = [
     ),
     Entry("draft-model", "NAME", "a small model sharing the tokenizer", _draft_model),
     Entry("suffix", None, "the job's earlier answers: their most frequent continuation", _suffix),
+    Entry(
+        "adapter",
+        "L?",
+        "a trained self-drafter (`applespec calibrate`): the best stored, or at layer L",
+        _adapter,
+        _adapter_layer,
+    ),
     Entry("tree", None, "per-row token trees of prompt-lookup candidates", _tree),
     Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),
 ]
@@ -117,4 +155,13 @@ def parse(spec: str) -> tuple[Entry, str | None]:
     raise ValueError(f"unknown drafter {spec!r}; expected one of: {forms()}")
 
 
-__all__ = ["ENTRIES", "REGISTRY", "Draft", "Drafter", "Entry", "forms", "parse"]
+__all__ = [
+    "ENTRIES",
+    "REGISTRY",
+    "Draft",
+    "Drafter",
+    "Entry",
+    "forms",
+    "parse",
+    "stored_adapter",
+]

@@ -61,7 +61,8 @@ class EarlyExitDrafter:
                 if not nxt:
                     break
                 live_next = [live[j] for j in nxt]
-                logits = head(model, h[mx.array(nxt)] if len(nxt) < len(live) else h)
+                h_next = h[mx.array(nxt)] if len(nxt) < len(live) else h
+                logits = self._logits(h_next, [rows[i] for i in live_next])
                 pos = np.array([len(seqs[i].history) + depth for i in live_next])
                 seeds = np.array([seqs[i].seed for i in live_next], dtype=np.uint32)
                 ids = choose(logits, [seqs[i].params for i in live_next], seeds, pos)
@@ -84,6 +85,11 @@ class EarlyExitDrafter:
             start_layer=L,
             source=self.name,
         )
+
+    def _logits(self, h: mx.array, slots: list[int]) -> mx.array:
+        """(n, D) hidden states at layer L of the next node of rows `slots` (their cache
+        lengths set to that node's position) -> (n, V) draft logits."""
+        return head(self.target.model, h)
 
     def commit(self, seqs, draft: Draft, paths) -> None:
         pass  # the engine sets the shared cache's lengths

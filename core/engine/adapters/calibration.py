@@ -1,0 +1,184 @@
+"""Offline calibration: a workload's prompts -> a trained, measured, stored adapter.
+
+The distinct prompts are split into training and held-out prompts (a seeded hash: the
+held-out ones are never trained on); the target answers them all, batched (greedy, plus
+sampled answers to the training prompts); the adapter starts as a copy of layer L and is
+trained on the training answers; agreement with the full model is measured on the held-out
+answers before, along the way (the learning curve) and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..model import LoadedModel
+from .block import new_adapter, target_size
+from .data import answer, answer_cached, features, features_cached, split, top_tokens
+from .store import model_key, save
+from .training import TrainConfig, evaluate, train
+
+
+@dataclass
+class Calibration:
+    """What one calibration measured (agreements are held-out top-1, KL in nats).
+
+    Attributes:
+        early_exit: plain early exit at L (no trained block).
+        before: the untrained adapter (layer L copied: early exit at L + 1).
+        after: the trained adapter.
+        draft_vocab: the reduced draft vocabulary's size (None: the whole vocabulary); the
+            adapter's agreements are then through it.
+        curve: [(training positions seen, agreement)].
+        path: where the adapter was stored (None: not stored).
+    """
+
+    model: str
+    layer: int
+    params: int
+    params_share: float
+    train_prompts: int
+    held_out_prompts: int
+    train_positions: int
+    held_out_positions: int
+    early_exit: float
+    before: float
+    after: float
+    kl_before: float
+    kl_after: float
+    tokens: int
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    draft_vocab: int | None = None
+    path: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def calibrate(
+    target: LoadedModel,
+    prompts: list[list[int]],
+    layer: int,
+    max_tokens: int | list[int] = 128,
+    config: TrainConfig | None = None,
+    held_out: float = 0.2,
+    samples: int = 2,
+    temperature: float = 0.7,
+    store: bool = True,
+    answers: Path | None = None,
+    draft_vocab: int = 0,
+    progress: Progress = lambda phase, done, total: None,
+) -> Calibration:
+    """Train, measure and (with `store`) keep an early-exit adapter at `layer`. With
+    `answers`, the target's answers are kept in that file (and their features at the layer
+    beside it, `<answers>.L<layer>.safetensors`) and reused by a later run on the same model,
+    prompts and settings (answering and the features are most of a short calibration). With
+    `draft_vocab`, the draft head scores only that many tokens the training answers
+    hold most (a cheaper draft token, and cheaper training).
+
+    Raises:
+        ValueError: a layer out of range, or fewer than two distinct prompts.
+    """
+    cfg = config or TrainConfig()
+    adapter = new_adapter(target.model, layer)  # checks the layer first
+    caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    cap_of = {repr(p): c for p, c in zip(prompts, caps, strict=True)}
+    train_p, held_p = split(prompts, held_out, cfg.seed)
+    if not train_p or not held_p:
+        raise ValueError(
+            f"calibration needs at least two distinct prompts (some held out), got {len(train_p) + len(held_p)}"
+        )
+    times = {}
+    t0 = time.perf_counter()
+    n_answers = len(train_p) * (1 + samples) + len(held_p)
+    done = [0]
+
+    def answered(_tokens: int) -> None:
+        done[0] += 1
+        progress("answers", done[0], n_answers)
+
+    def make():
+        train_ex = answer(
+            target,
+            train_p,
+            [cap_of[repr(p)] for p in train_p],
+            samples=samples,
+            temperature=temperature,
+            seed=cfg.seed,
+            on_result=answered,
+        )
+        held_ex = answer(target, held_p, [cap_of[repr(p)] for p in held_p], on_result=answered)
+        return train_ex + held_ex
+
+    digest = hashlib.sha256(repr((train_p, held_p, caps)).encode()).hexdigest()[:16]
+    key = {
+        "model": model_key(target),
+        "prompts": digest,
+        "samples": samples,
+        "temperature": temperature,
+        "seed": cfg.seed,
+    }
+    examples, reused = answer_cached(answers, key, make)
+    n_train = len(train_p) * (1 + samples)
+    train_ex, held_ex = examples[:n_train], examples[n_train:]
+    times["answers_s" if not reused else "answers_reused_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    feats_path = (
+        None if answers is None else answers.with_name(f"{answers.name}.L{layer}.safetensors")
+    )
+    feats, feats_reused = features_cached(
+        feats_path,
+        {**key, "layer": layer},
+        lambda: features(target, train_ex, layer) + features(target, held_ex, layer),
+    )
+    train_f, held_f = feats[: len(train_ex)], feats[len(train_ex) :]
+    times["features_s" if not feats_reused else "features_reused_s"] = time.perf_counter() - t1
+    early, _ = evaluate(target.model, None, held_f)
+    t2 = time.perf_counter()
+    seen = [0]
+
+    def stepped(n: int) -> None:
+        seen[0] += n
+        progress("train", min(seen[0], cfg.tokens), cfg.tokens)
+
+    if draft_vocab:
+        adapter.vocab = top_tokens(train_ex, draft_vocab, target.eos_token_ids)
+    result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
+    times["train_s"] = time.perf_counter() - t2
+    params = adapter.size()
+    report = Calibration(
+        model=target.name,
+        layer=layer,
+        params=params,
+        params_share=params / target_size(target.model),
+        train_prompts=len(train_p),
+        held_out_prompts=len(held_p),
+        train_positions=sum(f.n for f in train_f),
+        held_out_positions=sum(f.n for f in held_f),
+        early_exit=early,
+        before=result.before,
+        after=result.after,
+        kl_before=result.kl_before,
+        kl_after=result.kl_after,
+        tokens=result.tokens,
+        curve=result.curve,
+        seconds={k: round(v, 2) for k, v in times.items()},
+        draft_vocab=None if adapter.vocab is None else int(adapter.vocab.size),
+    )
+    if store:
+        meta = {
+            "agreement": result.after,
+            "early_exit_agreement": early,
+            "tokens": result.tokens,
+            "curve": result.curve,
+            "held_out_positions": report.held_out_positions,
+        }
+        report.path = str(save(target, adapter, meta))
+    return report

@@ -1,0 +1,128 @@
+"""`applespec calibrate` with CliRunner on the tiny model: a stored adapter the engine then
+drafts with, the JSON report, and one clear line for every kind of bad input."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from api.cli import cli
+from tests.api.jobfiles import chat, write_job
+
+WORDS = ["red", "blue", "green", "big", "small", "old"]
+LINES = [chat(f"c{i}", f"Describe the {WORDS[i % 6]} thing number {i}.") for i in range(20)]
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _calibrate(*args):
+    return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-random", *args])
+
+
+def test_calibrate_stores_an_adapter_the_engine_drafts_with(tmp_path, home):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    args = ["--data", job, "--exit-layer", "2", "--tokens", "2000", "--max-tokens", "12"]
+    result = _calibrate(*args, "--samples", "1", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["layer"] == 2
+    assert report["held_out_prompts"] == 4 and report["train_prompts"] == 16
+    assert report["after"] > report["before"]
+    assert report["curve"][0][0] == 0 and report["curve"][-1][0] == report["tokens"]
+    assert len(report["curve"]) >= 3
+    assert list(home.glob("adapters/*/early-exit-L2-*.safetensors"))
+
+    from core.engine import CostSurface, Engine, GenerationParams, load_model
+
+    target = load_model("tiny-random")
+    prompt = target.encode_prompt("Describe the red thing.")
+    params = GenerationParams(max_tokens=16)
+    flat = CostSurface.flat()
+    want = Engine(target, draft="none", surface=flat, batch_size=1).generate(prompt, params)
+    got = Engine(target, draft="adapter:2", k=2, surface=flat, batch_size=1).generate(
+        prompt, params
+    )
+    assert got.tokens == want.tokens
+    assert got.speculative["draft_tokens"] > 0
+
+
+def test_calibrate_prints_the_learning_curve(tmp_path):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    result = _calibrate(
+        "--data", job, "--tokens", "800", "--max-tokens", "8", "--samples", "0", "--no-save"
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "held-out top-1 agreement" in out and "learning curve" in out
+    assert "stored:" not in out
+
+
+def _one_line_error(result, *needles):
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 or err[0].startswith("Usage"), result.output
+    for n in needles:
+        assert n in result.output, result.output
+
+
+def test_missing_data_file(tmp_path):
+    _one_line_error(_calibrate("--data", str(tmp_path / "nope.jsonl")), "does not exist")
+
+
+def test_empty_data_file(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    _one_line_error(_calibrate("--data", str(path)), "has no request lines")
+
+
+def test_malformed_data_file(tmp_path):
+    job = write_job(tmp_path / "bad.jsonl", [*LINES[:3], "{not json"])
+    _one_line_error(_calibrate("--data", job), "line 4", "bad.jsonl")
+
+
+@pytest.mark.parametrize("layer", ["0", "4", "-1"])
+def test_exit_layer_out_of_range(tmp_path, layer):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    _one_line_error(_calibrate("--data", job, "--exit-layer", layer), "between 1 and 3")
+
+
+def test_unknown_model(tmp_path):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    result = CliRunner().invoke(cli, ["calibrate", "--model", "no-such-model-xyz", "--data", job])
+    _one_line_error(result, "no-such-model-xyz")
+
+
+def test_one_distinct_prompt_is_not_enough(tmp_path):
+    job = write_job(tmp_path / "job.jsonl", [chat(f"d{i}", "same prompt") for i in range(3)])
+    _one_line_error(_calibrate("--data", job, "--tokens", "100"), "at least two distinct prompts")
+
+
+def test_draft_adapter_without_one_names_calibrate(tmp_path):
+    job = write_job(tmp_path / "job.jsonl", LINES[:2])
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(
+        cli, ["run", job, "-o", str(out), "--model", "tiny-random", "--draft", "adapter:2"]
+    )
+    _one_line_error(result, "applespec calibrate")
+
+
+def test_answers_are_kept_and_reused(tmp_path):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    answers = tmp_path / "answers.json"
+    args = ["--data", job, "--tokens", "300", "--max-tokens", "6", "--samples", "1"]
+    args += ["--exit-layer", "2"]
+    first = _calibrate(*args, "--answers", str(answers), "--json", "--no-save")
+    assert first.exit_code == 0, first.output
+    assert answers.exists() and "answers_s" in json.loads(first.stdout)["seconds"]
+    again = _calibrate(*args, "--answers", str(answers), "--json", "--no-save")
+    assert again.exit_code == 0, again.output
+    assert {"answers_reused_s", "features_reused_s"} <= set(json.loads(again.stdout)["seconds"])
+    assert (tmp_path / "answers.json.L2.safetensors").exists()
+    assert json.loads(again.stdout)["after"] == json.loads(first.stdout)["after"]  # seeded
+    other = _calibrate(*args, "--answers", str(answers), "--json", "--no-save", "--seed", "1")
+    assert "answers_s" in json.loads(other.stdout)["seconds"]  # other settings: answered again

@@ -1,0 +1,52 @@
+"""On the real default model: an early-exit adapter is within 5% of the target's
+parameters, briefly trained it agrees more than plain early exit, and greedy decoding with
+it reproduces plain greedy token for token."""
+
+import pytest
+
+from core.engine import CostSurface, Engine, GenerationParams, load_model
+from core.engine.adapters import TrainConfig, answer, evaluate, features, new_adapter, save, train
+from core.engine.adapters.block import target_size
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "Write a short email to Ivan to ask a supplier for a delivery update.",
+    "What is inflation in economics? Answer briefly.",
+    "Write a short story about a haunted library in Pune.",
+    "Write a Python function that counts the words in a text, with a docstring.",
+]
+HELD = "Write a short email to Chen to apologise to a customer for a late order."
+FLAT = CostSurface.flat()
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2-135m")
+
+
+def test_adapter_is_within_five_percent_of_the_target(smollm2):
+    for layer in (4, 8, 29):
+        assert new_adapter(smollm2.model, layer).size() <= 0.05 * target_size(smollm2.model)
+
+
+def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):
+    L = 6
+    chats = [smollm2.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    held = [smollm2.encode_chat([{"role": "user", "content": HELD}])]
+    train_f = features(smollm2, answer(smollm2, chats, 32), L)
+    held_f = features(smollm2, answer(smollm2, held, 32), L)
+    adapter = new_adapter(smollm2.model, L)
+    r = train(smollm2.model, adapter, train_f, held_f, TrainConfig(tokens=600, eval_every=0))
+    early, _ = evaluate(smollm2.model, None, held_f)
+    assert r.after > early
+    # (answered above with the machine's measured cost surface; the adapter goes elsewhere)
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    save(smollm2, adapter, {"agreement": r.after})
+    params = GenerationParams(max_tokens=32)
+    for prompt in (held[0], chats[1]):
+        want = Engine(smollm2, draft="none", surface=FLAT, batch_size=1).generate(prompt, params)
+        for k in (3, None):
+            eng = Engine(smollm2, draft="adapter:6", k=k, surface=FLAT, batch_size=1)
+            got = eng.generate(prompt, params)
+            assert got.tokens == want.tokens, k
