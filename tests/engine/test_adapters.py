@@ -159,6 +159,27 @@ def test_adapter_whose_weights_do_not_fit_is_refused(make_tiny):
         load(path, target)
 
 
+def test_an_adapter_for_a_model_kept_quantized_is_refused(make_tiny):
+    """A GPU worker keeps GGUF weights quantized; an adapter trained on the float weights
+    (same model key) is refused there with a clear error, and `auto` goes without."""
+    import mlx.nn as nn
+
+    from core.engine.model import LoadedModel
+    from core.engine.tiny import tiny_model
+
+    target = make_tiny(0)
+    path = save(target, new_adapter(target.model, 2), {"agreement": 0.5})
+    kept = LoadedModel("tiny-0", tiny_model(0), target.tokenizer, 4096)  # its own copy
+    for layer in kept.model.model.layers:  # the embeddings stay float
+        nn.quantize(layer, group_size=32, bits=8)
+    assert model_key(kept) == model_key(target)
+    with pytest.raises(AdapterError, match="quantized weights"):
+        load(path, kept)
+    from core.engine.drafters import stored_adapter
+
+    assert stored_adapter(kept, "auto", None) is None
+
+
 def test_missing_adapter_names_calibrate_and_auto_falls_back(make_tiny, home):
     target = make_tiny(0)
     for spec in ("adapter", "adapter:2"):

@@ -72,13 +72,18 @@ def new_adapter(model: nn.Module, layer: int) -> Adapter:
     (its output equals early exit at layer + 1 until it is trained).
 
     Raises:
-        ValueError: the layer is not in [1, num_layers - 1].
+        ValueError: the layer is not in [1, num_layers - 1], or its weights are quantized.
     """
     layers = model.model.layers
     n = len(layers)
     if not 0 < layer < n:
         raise ValueError(f"exit layer must be between 1 and {n - 1}, got {layer}")
     src = layers[layer]
+    if any(hasattr(m, "scales") for _, m in src.named_modules()):
+        raise ValueError(
+            f"layer {layer} holds quantized weights (GPU backends keep GGUF weights quantized); "
+            "adapters run on float weights"
+        )
     block = type(src)(model.args)
     # Arrays are immutable: sharing them is a copy until training replaces one.
     block.update(src.parameters())
