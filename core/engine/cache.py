@@ -112,8 +112,6 @@ class BatchKVCache:
         for the first n slots (a slice, no gather)."""
         k, v = self.keys[layer], self.values[layer]
         if isinstance(rows, int):
-            if rows == self.capacity:
-                return k[:, :, :width], v[:, :, :width]
             return k[:rows, :, :width], v[:rows, :, :width]
         return k[rows, :, :width], v[rows, :, :width]
 
@@ -153,7 +151,7 @@ class BatchKVCache:
         return self.keys + self.values
 
     def state(self) -> list[mx.array]:
-        return [a for a in self.keys + self.values if a is not None]
+        return [a for a in self._arrays() if a is not None]
 
 
 def _detached(views: list[mx.array | None]) -> list[mx.array | None]:

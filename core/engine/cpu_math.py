@@ -14,6 +14,7 @@ used for float32 on the CPU only; other dtypes and devices keep MLX's own functi
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import mlx.core as mx
@@ -22,9 +23,7 @@ import mlx.nn as nn
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 # (ln 2)^k / k!, k = 1..7: 2^f = e^(f ln 2) for |f| <= 1/2
-_C = [
-    _LN2**k / _fact for k, _fact in ((1, 1), (2, 2), (3, 6), (4, 24), (5, 120), (6, 720), (7, 5040))
-]
+_C = [_LN2**k / math.factorial(k) for k in range(1, 8)]
 
 
 @partial(mx.compile, shapeless=True)
