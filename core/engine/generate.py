@@ -551,6 +551,10 @@ class Batch:
         """Drop every row and queued request (after an engine failure); their tags."""
         tags = [s.tag for s in self.rows if s is not None] + [s.tag for s in self.queue]
         tags += [s.tag for s in self._done]
+        for s in self.rows:  # drafters let go of the rows' state (a suffix row's live region)
+            if s is not None:
+                for d in self.drafters:
+                    d.retire(s)
         self.rows = [None] * self.capacity
         self.queue.clear()
         self._done = []

@@ -40,8 +40,52 @@ def test_incremental_adds_equal_a_fresh_build():
         k: list(v) for k, v in fresh._index.items()
     }
     assert (grown._chars[: grown._n] == fresh._chars[: fresh._n]).all()
-    for q in ('{"name": "', '"city": "', '", "label": "', ""):
+    for q in QUERIES:
         assert grown.continuation(query(q), 40) == fresh.continuation(query(q), 40)
+
+
+QUERIES = ('{"name": "', '"city": "', '", "label": "', '{"name": "John Smith", "city": "Bo', "")
+
+
+def test_rows_still_generating_are_drafted_from_and_close_into_finished_answers():
+    index = SuffixIndex()
+    index.add(ANSWERS[1])
+    ahead, own = index.open(200), index.open(200)
+    index.extend(ahead, '{"name": "Maria Lopez", "city": "Madrid", "la')
+    # another row drafts from the row ahead of it, up to where that row has got
+    text, shares, _ = index.continuation(query('{"name": "Maria Lopez", "ci'), 40)
+    assert text == 'ty": "Madrid", "la'
+    # a row's own end is unknown, not a candidate: the finished answer continues it
+    index.extend(own, '{"name": "John Smith", "city": "Bo')
+    text, _, _ = index.continuation(query('{"name": "John Smith", "city": "Bo'), 40)
+    assert text == 'ston", "label": "negative"}'
+    # text that rewrites what was written stops the region where it is
+    index.extend(own, '{"name": "John Smith", "city": "Ba')
+    assert own.stale
+    index.close(ahead, ANSWERS[0])  # in place
+    index.close(own, ANSWERS[2])  # re-added whole, its region given up
+    gone = index.open(50)
+    index.extend(gone, '{"name": "Nobody Here", "city": "Nowhere"')
+    index.abandon(gone)
+    assert [t for t, _ in index.docs] == [ANSWERS[1], ANSWERS[0], ANSWERS[2]]
+    assert index.outputs == 3
+    fresh = SuffixIndex()
+    fresh.rebuild(list(index.docs))
+    for q in (*QUERIES, '{"name": "Nobody H', '{"name": "John Smith", "city": "Ba'):
+        assert index.continuation(query(q), 40) == fresh.continuation(query(q), 40), q
+
+
+def test_live_regions_survive_a_rebuild_and_count_against_the_bound():
+    index = SuffixIndex(max_chars=4_000)
+    live = index.open(10_000)
+    assert live.cap == 1_000  # a quarter of the bound at most
+    index.extend(live, '{"id": 0, "label": "spam", "note": "live"}')
+    for i in range(200):
+        index.add(f'{{"id": {i}, "label": "ham"}}')
+        assert index.chars <= 4_000
+    assert len(index.docs) < 200  # the oldest were dropped, the live region placed again
+    text, _, _ = index.continuation(query('{"id": 0, "label": "spam", "no'), 20)
+    assert text == 'te": "live"}'
 
 
 def test_the_most_frequent_continuation_of_the_longest_match_wins():

@@ -9,6 +9,12 @@ every answer's start. A query finds the positions that follow the longest suffix
 answer so far (up to `MAX_MATCH` characters), then walks the most frequent continuation
 character by character; each character's share of the weighted candidates is its confidence.
 
+Rows still generating are documents too: each row writes its answer so far into a region of
+the index reserved when it joins (`SuffixIndex.open`), so rows of one batch draft from the
+rows ahead of them, and a job's first wave (every row admitted together, nothing finished
+yet) drafts from itself. A live answer's next character is `PENDING`: a candidate there is
+unknown, not an end, and is dropped.
+
 Characters, not tokens: two answers that tokenize the same text differently still match. The
 continuation is re-tokenized together with the row's last tokens, so a word the row has begun
 is completed in the tokens a fresh tokenization would use; where that re-tokenization does not
@@ -34,6 +40,8 @@ from .base import Draft
 from .ngram import TAIL, DecodedText
 
 START, PROMPT_START, END = "\x02", "\x01", "\x03"  # an answer's start, a prompt's, any end
+PENDING = 0x110000  # beyond Unicode: a live answer's next character, not written yet
+DEAD = 0x110001  # a live region given up (its text re-added whole): never a candidate
 KEY = 4  # characters of the hashed key; longer matches are found by extending backwards
 MAX_MATCH = 64  # longest context compared
 MIN_MATCH = 6  # shorter matches propose nothing, unless anchored at the answer's start
@@ -41,6 +49,17 @@ PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answe
 MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
 CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
 BLOCK = 8  # characters compared at once while every candidate agrees
+LIVE_MAX = 16_384  # characters a live answer reserves at most (its whole text lands on finish)
+
+
+class Live:
+    """An answer being generated: its region of the index (text from `start`, room for `cap`
+    characters and an end) and the text written there so far."""
+
+    __slots__ = ("start", "cap", "text", "stale")
+
+    def __init__(self, cap: int):
+        self.start, self.cap, self.text, self.stale = 0, cap, "", False
 
 
 class SuffixIndex:
@@ -55,6 +74,7 @@ class SuffixIndex:
         self.max_chars = max_chars
         self.docs: list[tuple[str, float]] = []  # (text, weight), oldest first
         self.outputs = 0  # answers added (prompts excluded)
+        self._live: dict[int, Live] = {}  # id -> answers being generated
         self.rebuild()
 
     def rebuild(self, docs: list[tuple[str, float]] | None = None) -> None:
@@ -67,6 +87,10 @@ class SuffixIndex:
         self._index: dict[str, array] = {}
         for text, weight in docs:
             self._append(text, weight)
+        for live in self._live.values():
+            text, live.text, live.stale = live.text, "", False
+            self._place(live)
+            self.extend(live, text)
 
     @property
     def chars(self) -> int:
@@ -85,29 +109,95 @@ class SuffixIndex:
             return
         if weight >= 1.0:
             self.outputs += 1
-        if self.chars + len(text) + KEY + 1 > self.max_chars:
-            keep, total = [], len(text) + KEY + 1
-            for t, w in reversed(self.docs):  # newest first, while they fit in half the bound
-                total += len(t) + KEY + 1
-                if total > self.max_chars // 2:
-                    break
-                keep.append((t, w))
-            self.rebuild(keep[::-1])
+        self._make_room(len(text) + KEY + 1)
         self._append(text, weight)
+
+    def _make_room(self, need: int) -> None:
+        """Beyond the bound, keep the newest documents that fit in half of it (live regions
+        are kept and placed again)."""
+        live = sum(v.cap + KEY + 1 for v in self._live.values())
+        if self.chars + need <= self.max_chars:
+            return
+        keep, total = [], need + live
+        for t, w in reversed(self.docs):  # newest first, while they fit in half the bound
+            total += len(t) + KEY + 1
+            if total > self.max_chars // 2:
+                break
+            keep.append((t, w))
+        self.rebuild(keep[::-1])
+
+    # -- live answers -----------------------------------------------------------------
+
+    def open(self, reserve: int) -> Live:
+        """An answer begins: a region for up to `reserve` characters of it (`LIVE_MAX` at
+        most); `extend` writes its text as it grows, `close` or `abandon` ends it."""
+        live = Live(max(1, min(reserve, LIVE_MAX, self.max_chars // 4)))
+        self._make_room(live.cap + KEY + 1)
+        self._live[id(live)] = live
+        self._place(live)
+        return live
+
+    def _place(self, live: Live) -> None:
+        n0 = self._n
+        self._grow(n0 + KEY + live.cap + 1)
+        self._chars[n0 : n0 + KEY] = ord(START)
+        self._chars[n0 + KEY : n0 + KEY + live.cap + 1] = PENDING
+        self._weights[n0 : n0 + KEY + live.cap + 1] = 1.0
+        self._n = n0 + KEY + live.cap + 1
+        live.start = n0 + KEY
+        self._index.setdefault(START * KEY, array("i")).append(live.start)
+
+    def extend(self, live: Live, text: str) -> None:
+        """The live answer's text so far (it only grows: text that rewrites what was written,
+        or does not fit, stops the region where it is)."""
+        if live.stale or text == live.text:
+            return
+        if not text.startswith(live.text) or len(text) > live.cap:
+            live.stale = True
+            return
+        w, new = len(live.text), text[len(live.text) :]
+        p0 = live.start + w
+        self._chars[p0 : p0 + len(new)] = np.frombuffer(new.encode("utf-32-le"), np.uint32)
+        doc, index = START * KEY + text, self._index
+        for i in range(KEY + w + 1, KEY + len(text) + 1):  # position start - KEY + i
+            key = doc[i - KEY : i]
+            pos = index.get(key)
+            if pos is None:
+                index[key] = pos = array("i")
+            pos.append(live.start - KEY + i)
+        live.text = text
+
+    def close(self, live: Live, text: str) -> None:
+        """The live answer finished as `text`: it becomes a finished answer (in place when
+        its region holds it, else added whole)."""
+        if self._live.pop(id(live), None) is None:
+            return
+        self.extend(live, text)
+        if live.stale or live.text != text or not text:
+            self._kill(live)
+            self.add(text)
+            return
+        end = live.start + len(text)
+        self._chars[end : live.start + live.cap + 1] = ord(END)
+        self.docs.append((text, 1.0))
+        self.outputs += 1
+
+    def abandon(self, live: Live) -> None:
+        """The answer will not finish here (cancelled, handed back): its region goes."""
+        if self._live.pop(id(live), None) is not None:
+            self._kill(live)
+
+    def _kill(self, live: Live) -> None:
+        lo, hi = live.start - KEY, live.start + live.cap + 1
+        self._chars[lo:hi] = DEAD
+        self._weights[lo:hi] = 0.0
 
     def _append(self, text: str, weight: float) -> None:
         self.docs.append((text, weight))
         doc = (START if weight >= 1.0 else PROMPT_START) * KEY + text + END
         codes = np.frombuffer(doc.encode("utf-32-le"), np.uint32)
         n0, n1 = self._n, self._n + len(codes)
-        if n1 > len(self._chars):
-            size = max(n1, 2 * len(self._chars))
-            self._chars = np.concatenate(
-                [self._chars, np.zeros(size - len(self._chars), np.uint32)]
-            )
-            self._weights = np.concatenate(
-                [self._weights, np.zeros(size - len(self._weights), np.float32)]
-            )
+        self._grow(n1)
         self._chars[n0:n1] = codes
         self._weights[n0:n1] = weight
         self._n = n1
@@ -119,12 +209,22 @@ class SuffixIndex:
                 index[key] = pos = array("i")
             pos.append(n0 + i)
 
+    def _grow(self, n: int) -> None:
+        if n > len(self._chars):
+            size = max(n, 2 * len(self._chars))
+            self._chars = np.concatenate(
+                [self._chars, np.zeros(size - len(self._chars), np.uint32)]
+            )
+            self._weights = np.concatenate(
+                [self._weights, np.zeros(size - len(self._weights), np.float32)]
+            )
+
     def continuation(self, query: str, n_chars: int) -> tuple[str, list[float], list[int]]:
         """The most frequent continuation of the longest suffix of `query` (an answer's text so
         far, behind `START * KEY`) that occurs in the index, up to `n_chars` characters.
 
         Returns the text, per character its weighted share among the candidates still on the
-        path, and the number of those candidates.
+        path, and the number of those candidates that are answers (0: prompts only).
         """
         q = np.frombuffer(query[-MAX_MATCH:].encode("utf-32-le"), np.uint32)
         pos = self._index.get(query[-KEY:])
@@ -132,6 +232,11 @@ class SuffixIndex:
             return "", [], []
         cand = np.frombuffer(pos, np.int32).astype(np.int64)
         chars, length = self._chars, KEY
+        # Not yet written (a live answer's end: the querying row's own, among others) or
+        # given up: no candidate.
+        cand = cand[(chars[cand] != PENDING) & (chars[cand - 1] == q[-1])]
+        if cand.size == 0:
+            return "", [], []
         while length < len(q):  # extend the match backwards while some candidate agrees
             keep = cand[chars[cand - length - 1] == q[-length - 1]]
             if keep.size == 0:
@@ -148,6 +253,9 @@ class SuffixIndex:
         out: list[int] = []
         shares: list[float] = []
         support: list[int] = []
+        def answers(c: np.ndarray) -> int:  # candidates from answers (prompts weigh less)
+            return int(np.count_nonzero(weights[c] >= 1.0))
+
         while len(out) < n_chars and cand.size:
             m = min(BLOCK, n_chars - len(out))
             block = chars[np.minimum(cand[:, None] + np.arange(m), self._n - 1)]  # (C, m)
@@ -155,18 +263,22 @@ class SuffixIndex:
             run = m if agree.all() else int(np.argmin(agree))
             if run:  # every candidate continues alike for `run` characters
                 seg = block[0, :run]
-                stop = np.flatnonzero(seg == end)
+                stop = np.flatnonzero((seg == end) | (seg == PENDING))
                 if stop.size:
                     out += seg[: stop[0]].tolist()
                     shares += [1.0] * int(stop[0])
-                    support += [cand.size] * int(stop[0])
+                    support += [answers(cand)] * int(stop[0])
                     break
                 out += seg.tolist()
                 shares += [1.0] * run
-                support += [cand.size] * run
+                support += [answers(cand)] * run
                 cand = cand + run
                 continue
             nxt = chars[cand]
+            if (nxt == PENDING).any():  # live answers not that far yet: unknown, not an end
+                cand, nxt = cand[nxt != PENDING], nxt[nxt != PENDING]
+                if cand.size == 0:
+                    break
             vals, inv = np.unique(nxt, return_inverse=True)
             w = np.bincount(inv, weights=weights[cand], minlength=len(vals))
             latest = np.zeros(len(vals), np.int64)
@@ -177,7 +289,7 @@ class SuffixIndex:
             out.append(int(vals[b]))
             shares.append(float(w[b] / w.sum()))
             cand = cand[inv == b] + 1
-            support.append(int(cand.size))
+            support.append(answers(cand))
         return "".join(map(chr, out)), shares, support
 
 
@@ -210,7 +322,8 @@ class Corpora:
 
 class Calibration:
     """How often a suffix node is accepted once its parent was, per bucket of its count
-    share (10 bins) and support (1, 2-3, 4-15, 16+ candidates): counts with a prior."""
+    share (10 bins) and support (answers behind it: none (prompts only), 1-3, 4-15, 16+):
+    counts with a prior."""
 
     SUPPORT = (1, 4, 16)
 
@@ -236,18 +349,21 @@ class Calibration:
 
 
 class _Row:
-    """One row's answer text so far (decoded incrementally) and its job's index."""
+    """One row's answer text so far (decoded incrementally), its job's index and its live
+    region there."""
 
-    def __init__(self, index: SuffixIndex, decode):
+    def __init__(self, index: SuffixIndex, decode, reserve: int):
         self.index = index
         self.text = DecodedText(decode)
+        self.live = index.open(reserve)
 
 
 class SuffixDrafter:
     """`--draft suffix`: every row drafts from its job's index (a lookup: the policy truncates).
 
     Rows of one job share one index (`Sequence.corpus` names the job); each row's prompt is
-    added as it joins and its answer as it finishes, so later rows draft from earlier ones.
+    added as it joins, its answer is written as it grows and kept when it finishes, so rows
+    draft from the rows ahead of them and from every earlier answer.
     """
 
     name = kind = "suffix"
@@ -264,22 +380,28 @@ class SuffixDrafter:
     def admit(self, seq) -> None:
         index = self.corpora.get(seq.corpus)
         index.add(self.target.decode(seq.prompt), PROMPT_WEIGHT)
-        seq.state[self.name] = _Row(index, self.target.decode)
+        reserve = CHARS_PER_TOKEN * 2 * seq.max_tokens
+        seq.state[self.name] = _Row(index, self.target.decode, reserve)
 
     def propose(self, seqs, ks: list[int]) -> Draft:
         sizes, tokens, chances = [], [], []
-        for s, k in zip(seqs, ks, strict=True):
-            toks, ch = self._propose(s, k) if k > 0 else ([], [])
+        heads = []
+        for s in seqs:  # every row's answer so far first: rows draft from each other's
+            row: _Row = s.state[self.name]
+            tail = s.output[-TAIL:]
+            head = row.text.of(s.output[: len(s.output) - len(tail)])
+            row.index.extend(row.live, head)
+            heads.append((head, tail))
+        for s, k, (head, tail) in zip(seqs, ks, heads, strict=True):
+            toks, ch = self._propose(s, k, head, tail) if k > 0 else ([], [])
             sizes.append(len(toks))
             tokens.append(toks)
             chances.append(ch)
         return Draft(sizes=sizes, tokens=tokens, chances=chances, source=self.name)
 
-    def _propose(self, s, k: int) -> tuple[list[int], list[float]]:
+    def _propose(self, s, k: int, head: str, tail: list[int]) -> tuple[list[int], list[float]]:
         row: _Row = s.state[self.name]
         # The pending token is part of the answer so far; the tail checks the boundary.
-        tail = s.output[-TAIL:]
-        head = row.text.of(s.output[: len(s.output) - len(tail)])
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
         cont, shares, support = row.index.continuation(query, CHARS_PER_TOKEN * k + 1)
@@ -318,11 +440,15 @@ class SuffixDrafter:
     def retire(self, seq) -> None:
         row = seq.state.pop(self.name, None)
         self._buckets.pop(seq.uid, None)
-        if row is not None and seq.finish_reason is not None and seq.output:
+        if row is None:
+            return
+        if seq.finish_reason is not None and seq.output:
             text = self.target.decode(seq.output)
             if seq.text_end is not None:
                 text = text[: seq.text_end]
-            row.index.add(text)
+            row.index.close(row.live, text)
+        else:
+            row.index.abandon(row.live)
 
     def step_cost(self, rows: int) -> float:
         return 0.0
