@@ -31,6 +31,7 @@ DRAFTERS = [
     "adapter",
 ]
 FLAT = CostSurface.flat()
+TIE = 1e-3  # a tiny model's top-two logit gap below which GPU rounding may pick either
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +71,27 @@ def test_batched_speculative_greedy_equals_each_row_alone(seed, drafter, make_ti
     want = [plain(target, p, params) for p, params in reqs]
     for k in (None, 1 + seed % 4):
         got = engine(target, drafter, make_tiny, k=k, batch=3).generate_many(reqs)
-        assert [r.tokens for r in got] == want, (drafter, k)
+        if [r.tokens for r in got] == want:
+            continue
+        gaps = _first_gaps(target, reqs, want, got)
+        # On this CPU float32 results do not depend on batch shape: token for token. On a GPU
+        # (MLX's CUDA backend) they do, at rounding level: a row may only leave plain greedy
+        # where the reference's top two logits tie to within TIE (H200: 0.0003 seen).
+        assert mx.default_device() != mx.cpu, (drafter, k, gaps)
+        assert all(gap < TIE for _, gap in gaps), (drafter, k, gaps)
+
+
+def _first_gaps(target, reqs, want, got) -> list:
+    """Per differing row: where it first differs and the reference's top-1 minus top-2 logit
+    there (a failure's evidence: a tie in the tiny random model, or a bug)."""
+    from core.engine.benchmark import top_gap
+
+    out = []
+    for (prompt, _), w, g in zip(reqs, want, got, strict=True):
+        if g.tokens != w:
+            j = next((i for i, (a, b) in enumerate(zip(g.tokens, w, strict=False)) if a != b), 0)
+            out.append((j, round(top_gap(target, prompt, w[:j]), 6)))
+    return out
 
 
 def test_plain_greedy_equals_mlx_lm(make_tiny):
