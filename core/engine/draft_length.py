@@ -218,15 +218,19 @@ class StepModes:
     and on an accelerator running a small model they can cost more than the forward. So the
     batch tries both. A trial alternates the two kinds in blocks of `BLOCK` steps until each
     has run `TRIAL`, so both meet the same rows and the same joining prompts (a job's first
-    steps prefill most of its prompts: a trial of one kind alone would charge that to it).
-    Then the faster kind runs, with a new trial after `RETRY` steps, or as soon as the live
-    rows have halved or doubled since the last trial (at a job's tail drafting can pay where
-    it did not at a full batch).
+    steps prefill most of its prompts: a trial of one kind alone would charge that to it);
+    it ends after one block of each when one kind is `CLEAR` times faster. Then the faster
+    kind runs, with a new trial after `RETRY` steps, or as soon as the live rows have halved
+    or doubled since the last trial (at a job's tail drafting can pay where it did not at a
+    full batch). Each trial that drafting loses by `CLEAR` doubles the wait for the next
+    (up to `RETRY_MAX`): a trial's drafting steps are what it costs.
     """
 
     TRIAL = 8
     BLOCK = 4
     RETRY = 64
+    RETRY_MAX = 1024
+    CLEAR = 2.0
 
     def __init__(self):
         self.rate: dict[str, float | None] = {"draft": None, "plain": None}
@@ -234,6 +238,7 @@ class StepModes:
         self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
+        self.retry = self.RETRY  # steps until the next trial
         self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
 
     @staticmethod
@@ -248,16 +253,21 @@ class StepModes:
         if trial is None:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
-            if self._since >= self.RETRY or moved:
+            if self._since >= self.retry or moved:
                 self._trial = self._new_trial()  # the current kind first, then the other
             return
         t = trial[mode]
         t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
         other = "plain" if mode == "draft" else "draft"
-        if t[0] >= self.TRIAL and trial[other][0] >= self.TRIAL:  # the trial ended
-            for m, (_, tok, sec) in trial.items():
-                self.rate[m] = tok / sec if sec > 0 else 0.0
-            self.mode = max(self.rate, key=lambda m: self.rate[m] or 0.0)
+        rates = {m: (tok / sec if sec > 0 else 0.0) for m, (_, tok, sec) in trial.items()}
+        blocks = min(trial["draft"][0], trial["plain"][0]) >= self.BLOCK
+        lo, hi = sorted(rates.values())
+        clear = blocks and hi >= self.CLEAR * lo
+        if clear or (t[0] >= self.TRIAL and trial[other][0] >= self.TRIAL):  # the trial ended
+            self.rate = rates
+            self.mode = max(rates, key=lambda m: rates[m])
+            lost = self.mode == "plain" and rates["plain"] >= self.CLEAR * rates["draft"]
+            self.retry = min(2 * self.retry, self.RETRY_MAX) if lost else self.RETRY
             self._trial, self._since, self._rows = None, 0, rows
         elif trial[other][0] < self.TRIAL and (t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL):
             self.mode = other

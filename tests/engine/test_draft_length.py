@@ -124,16 +124,37 @@ def test_step_modes_try_both_then_keep_the_faster_and_retry():
 
     m = StepModes()
     B, T = m.BLOCK, m.TRIAL
-    slow_draft = {"draft": 10, "plain": 30}
+    close = {"draft": 25, "plain": 30}
     # a trial alternates blocks of each kind until both ran TRIAL steps
-    seen = _run(m, slow_draft, 2 * T)
+    seen = _run(m, close, 2 * T)
     assert seen == (["draft"] * B + ["plain"] * B) * (T // B)
-    assert m.mode == "plain" and m.rate == {"draft": 10.0, "plain": 30.0}
-    assert _run(m, slow_draft, m.RETRY) == ["plain"] * m.RETRY
+    assert m.mode == "plain" and m.rate == {"draft": 25.0, "plain": 30.0}
+    assert m.retry == m.RETRY  # a close call: the next trial comes as soon as ever
+    assert _run(m, close, m.RETRY) == ["plain"] * m.RETRY
     # time to re-measure: plain first, then drafting, which pays now (the rows copy more)
-    seen = _run(m, {"draft": 60, "plain": 30}, 2 * T)
+    seen = _run(m, {"draft": 40, "plain": 30}, 2 * T)
     assert seen == (["plain"] * B + ["draft"] * B) * (T // B)
-    assert m.mode == "draft" and m.rate == {"draft": 60.0, "plain": 30.0}
+    assert m.mode == "draft" and m.rate == {"draft": 40.0, "plain": 30.0}
+
+
+def test_a_clear_loser_ends_the_trial_early_and_waits_longer_each_time():
+    from core.engine.draft_length import StepModes
+
+    m = StepModes()
+    B = m.BLOCK
+    slow_draft = {"draft": 10, "plain": 30}  # CLEAR times slower and more
+    for wait in (2 * m.RETRY, 4 * m.RETRY):
+        seen = _run(m, slow_draft, 2 * B)  # one block of each kind, not TRIAL of each
+        assert sorted(seen) == ["draft"] * B + ["plain"] * B
+        assert m.mode == "plain" and m.retry == wait
+        assert _run(m, slow_draft, wait) == ["plain"] * wait
+    m.retry = m.RETRY_MAX
+    _run(m, slow_draft, 2 * B)
+    assert m.retry == m.RETRY_MAX
+    # drafting wins a later trial: the wait is back to RETRY
+    _run(m, slow_draft, m.RETRY_MAX)
+    _run(m, {"draft": 70, "plain": 30}, 2 * B)
+    assert m.mode == "draft" and m.retry == m.RETRY
 
 
 def test_step_modes_try_again_when_the_live_rows_halve():
