@@ -64,11 +64,18 @@ def test_rows_still_generating_are_drafted_from_and_close_into_finished_answers(
     assert own.stale
     index.close(ahead, ANSWERS[0])  # in place
     index.close(own, ANSWERS[2])  # re-added whole, its region given up
+    grows = index.open(4)  # moves to larger regions as it grows
+    for n in range(1, len(ANSWERS[0]) + 1, 5):
+        index.extend(grows, ANSWERS[0][:n])
+    assert grows.cap >= len(grows.text) > 4 and not grows.stale
+    text, _, _ = index.continuation(query('{"name": "Maria Lopez", "city": "Ma'), 40)
+    assert text.startswith('drid", "la')
+    index.close(grows, ANSWERS[0])
     gone = index.open(50)
     index.extend(gone, '{"name": "Nobody Here", "city": "Nowhere"')
     index.abandon(gone)
-    assert [t for t, _ in index.docs] == [ANSWERS[1], ANSWERS[0], ANSWERS[2]]
-    assert index.outputs == 3
+    assert [t for t, _ in index.docs] == [ANSWERS[1], ANSWERS[0], ANSWERS[2], ANSWERS[0]]
+    assert index.outputs == 4
     fresh = SuffixIndex()
     fresh.rebuild(list(index.docs))
     for q in (*QUERIES, '{"name": "Nobody H', '{"name": "John Smith", "city": "Ba'):
@@ -78,7 +85,7 @@ def test_rows_still_generating_are_drafted_from_and_close_into_finished_answers(
 def test_live_regions_survive_a_rebuild_and_count_against_the_bound():
     index = SuffixIndex(max_chars=4_000)
     live = index.open(10_000)
-    assert live.cap == 1_000  # a quarter of the bound at most
+    assert live.cap == 1_024  # LIVE_START at first
     index.extend(live, '{"id": 0, "label": "spam", "note": "live"}')
     for i in range(200):
         index.add(f'{{"id": {i}, "label": "ham"}}')
@@ -86,6 +93,23 @@ def test_live_regions_survive_a_rebuild_and_count_against_the_bound():
     assert len(index.docs) < 200  # the oldest were dropped, the live region placed again
     text, _, _ = index.continuation(query('{"id": 0, "label": "spam", "no'), 20)
     assert text == 'te": "live"}'
+
+
+def test_many_long_rows_stay_within_the_bound():
+    index = SuffixIndex(max_chars=50_000)
+    rows = [index.open(8 * 4096) for _ in range(64)]  # 64 rows of max_tokens 4096
+    for step in range(1, 40):
+        for i, live in enumerate(rows):
+            index.extend(live, "".join(f"row {i} says {j}. " for j in range(step)))
+        assert index.chars <= 50_000
+    assert index.nbytes() < 50_000 * 20
+    # live regions hold half the bound at most: the rows beyond it are no longer written
+    # live (their whole answers land when they finish); the others still are
+    live = [i for i, r in enumerate(rows) if not r.stale]
+    assert 0 < len(live) < 64
+    i = live[0]
+    text, _, _ = index.continuation(query(f"row {i} says 3. row {i} says"), 8)
+    assert text == " 4. row "
 
 
 def test_the_most_frequent_continuation_of_the_longest_match_wins():

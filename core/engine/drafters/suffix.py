@@ -49,7 +49,8 @@ PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answe
 MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
 CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
 BLOCK = 8  # characters compared at once while every candidate agrees
-LIVE_MAX = 16_384  # characters a live answer reserves at most (its whole text lands on finish)
+LIVE_START = 1024  # characters a live answer reserves at first; it moves to twice that when full
+LIVE_MAX = 16_384  # characters a live answer holds at most (its whole text lands on finish)
 
 
 class Live:
@@ -112,12 +113,12 @@ class SuffixIndex:
         self._make_room(len(text) + KEY + 1)
         self._append(text, weight)
 
-    def _make_room(self, need: int) -> None:
+    def _make_room(self, need: int) -> bool:
         """Beyond the bound, keep the newest documents that fit in half of it (live regions
-        are kept and placed again)."""
+        are kept and placed again); True if it rebuilt."""
         live = sum(v.cap + KEY + 1 for v in self._live.values())
         if self.chars + need <= self.max_chars:
-            return
+            return False
         keep, total = [], need + live
         for t, w in reversed(self.docs):  # newest first, while they fit in half the bound
             total += len(t) + KEY + 1
@@ -125,17 +126,34 @@ class SuffixIndex:
                 break
             keep.append((t, w))
         self.rebuild(keep[::-1])
+        return True
 
     # -- live answers -----------------------------------------------------------------
 
     def open(self, reserve: int) -> Live:
-        """An answer begins: a region for up to `reserve` characters of it (`LIVE_MAX` at
-        most); `extend` writes its text as it grows, `close` or `abandon` ends it."""
-        live = Live(max(1, min(reserve, LIVE_MAX, self.max_chars // 4)))
+        """An answer begins: a region for up to `reserve` characters of it (`LIVE_START` at
+        most, moved to a larger one as it grows); `extend` writes its text, `close` or
+        `abandon` ends it."""
+        room = self._live_room()
+        live = Live(max(1, min(reserve, LIVE_START, room)))
+        live.stale = live.cap > room  # live regions hold half the bound at most
         self._make_room(live.cap + KEY + 1)
-        self._live[id(live)] = live
         self._place(live)
+        self._live[id(live)] = live
         return live
+
+    def _live_room(self) -> int:
+        """Characters a new or larger live region may still take."""
+        held = sum(v.cap + KEY + 1 for v in self._live.values())
+        return self.max_chars // 2 - held - KEY - 1
+
+    def _move(self, live: Live, cap: int) -> None:
+        """A live answer outgrew its region: it moves to a new one of `cap` characters."""
+        self._kill(live)
+        text, live.text, live.cap = live.text, "", cap
+        if not self._make_room(KEY + cap + 1):  # a rebuild places every live region itself
+            self._place(live)
+        self.extend(live, text)
 
     def _place(self, live: Live) -> None:
         n0 = self._n
@@ -149,12 +167,19 @@ class SuffixIndex:
 
     def extend(self, live: Live, text: str) -> None:
         """The live answer's text so far (it only grows: text that rewrites what was written,
-        or does not fit, stops the region where it is)."""
+        or outgrows `LIVE_MAX`, stops the region where it is)."""
         if live.stale or text == live.text:
             return
-        if not text.startswith(live.text) or len(text) > live.cap:
+        if not text.startswith(live.text):
             live.stale = True
             return
+        if len(text) > live.cap:
+            room = self._live_room() + live.cap + KEY + 1  # its own region is given up
+            cap = min(max(2 * live.cap, len(text)), LIVE_MAX, room)
+            if len(text) > cap:
+                live.stale = True
+                return
+            self._move(live, cap)
         w, new = len(live.text), text[len(live.text) :]
         p0 = live.start + w
         self._chars[p0 : p0 + len(new)] = np.frombuffer(new.encode("utf-32-le"), np.uint32)
@@ -253,6 +278,7 @@ class SuffixIndex:
         out: list[int] = []
         shares: list[float] = []
         support: list[int] = []
+
         def answers(c: np.ndarray) -> int:  # candidates from answers (prompts weigh less)
             return int(np.count_nonzero(weights[c] >= 1.0))
 
