@@ -222,14 +222,12 @@ class StepModes:
     it ends after one block of each when one kind is `CLEAR` times faster. Then the faster
     kind runs, with a new trial after `RETRY` steps, or as soon as the live rows have halved
     or doubled since the last trial (at a job's tail drafting can pay where it did not at a
-    full batch). Each trial that drafting loses by `CLEAR` doubles the wait for the next
-    (up to `RETRY_MAX`): a trial's drafting steps are what it costs.
+    full batch).
     """
 
     TRIAL = 8
     BLOCK = 4
     RETRY = 64
-    RETRY_MAX = 1024
     CLEAR = 2.0
 
     def __init__(self):
@@ -238,7 +236,6 @@ class StepModes:
         self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
-        self.retry = self.RETRY  # steps until the next trial
         self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
 
     @staticmethod
@@ -253,7 +250,7 @@ class StepModes:
         if trial is None:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
-            if self._since >= self.retry or moved:
+            if self._since >= self.RETRY or moved:
                 self._trial = self._new_trial()  # the current kind first, then the other
             return
         t = trial[mode]
@@ -266,8 +263,6 @@ class StepModes:
         if clear or (t[0] >= self.TRIAL and trial[other][0] >= self.TRIAL):  # the trial ended
             self.rate = rates
             self.mode = max(rates, key=lambda m: rates[m])
-            lost = self.mode == "plain" and rates["plain"] >= self.CLEAR * rates["draft"]
-            self.retry = min(2 * self.retry, self.RETRY_MAX) if lost else self.RETRY
             self._trial, self._since, self._rows = None, 0, rows
         elif trial[other][0] < self.TRIAL and (t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL):
             self.mode = other
