@@ -169,6 +169,14 @@ def mlx_lm_single(target: LoadedModel, item: Item) -> list[int]:
     return out
 
 
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first position where two token lists differ (the shorter's length if one is a
+    prefix of the other)."""
+    return next(
+        (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 def top_gap(target: LoadedModel, prompt: list[int], prefix: list[int]) -> float:
     """Top-1 minus top-2 logit of plain single-row decoding after `prompt + prefix`."""
     logits = target.model(mx.array([prompt + prefix]))[0, -1].astype(mx.float32)
@@ -315,10 +323,7 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
         out = []
         for i, (o, r) in enumerate(zip(outputs[:checked], ref_outputs, strict=True)):
             if o != r:
-                j = next(
-                    (j for j, (a, b) in enumerate(zip(o, r, strict=False)) if a != b),
-                    min(len(o), len(r)),
-                )
+                j = first_difference(o, r)
                 if (i, j) not in gaps:
                     gaps[(i, j)] = top_gap(target, items[i].prompt, r[:j])
                 out.append(gaps[(i, j)])

@@ -5,7 +5,7 @@ near-tie of the reference (batched matmuls round differently)."""
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams, load_model
-from core.engine.benchmark import GAP_BUG, top_gap
+from core.engine.benchmark import GAP_BUG, first_difference, top_gap
 
 pytestmark = pytest.mark.real_model
 
@@ -49,5 +49,5 @@ def test_batched_rows_equal_single_rows_up_to_near_ties(smollm2, spec):
     got = Engine(smollm2, draft=spec, surface=FLAT, batch_size=4).generate_many(reqs)
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):
         if g.tokens != w:
-            j = next(i for i, (a, b) in enumerate(zip(g.tokens, w, strict=False)) if a != b)
+            j = first_difference(g.tokens, w)
             assert top_gap(smollm2, prompt, w[:j]) < GAP_BUG, (spec, j)

@@ -226,7 +226,7 @@ def _labeling_job(model: LoadedModel, n: int):
 @pytest.mark.real_model
 def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
     from core.engine import load_model
-    from core.engine.benchmark import GAP_BUG, top_gap
+    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
 
     model = load_model("smollm2-135m")
     reqs = _labeling_job(model, 12)
@@ -242,7 +242,7 @@ def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
     got = engine.generate_many(reqs)
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):
         if g.tokens != w:
-            j = next(i for i, (a, b) in enumerate(zip(g.tokens, w, strict=False)) if a != b)
+            j = first_difference(g.tokens, w)
             assert top_gap(model, prompt, w[:j]) < GAP_BUG
     mal = [g.speculative["mean_accepted_length"] for g in got]
     first, later = sum(mal[:4]) / 4, sum(mal[-4:]) / 4
