@@ -116,10 +116,9 @@ class SuffixIndex:
     def _make_room(self, need: int) -> bool:
         """Beyond the bound, keep the newest documents that fit in half of it (live regions
         are kept and placed again); True if it rebuilt."""
-        live = sum(v.cap + KEY + 1 for v in self._live.values())
         if self.chars + need <= self.max_chars:
             return False
-        keep, total = [], need + live
+        keep, total = [], need + self._live_held()
         for t, w in reversed(self.docs):  # newest first, while they fit in half the bound
             total += len(t) + KEY + 1
             if total > self.max_chars // 2:
@@ -144,8 +143,11 @@ class SuffixIndex:
 
     def _live_room(self) -> int:
         """Characters a new or larger live region may still take."""
-        held = sum(v.cap + KEY + 1 for v in self._live.values())
-        return self.max_chars // 2 - held - KEY - 1
+        return self.max_chars // 2 - self._live_held() - KEY - 1
+
+    def _live_held(self) -> int:
+        """Characters the live regions hold, markers and ends included."""
+        return sum(v.cap + KEY + 1 for v in self._live.values())
 
     def _move(self, live: Live, cap: int) -> None:
         """A live answer outgrew its region: it moves to a new one of `cap` characters."""
@@ -183,13 +185,8 @@ class SuffixIndex:
         w, new = len(live.text), text[len(live.text) :]
         p0 = live.start + w
         self._chars[p0 : p0 + len(new)] = np.frombuffer(new.encode("utf-32-le"), np.uint32)
-        doc, index = START * KEY + text, self._index
-        for i in range(KEY + w + 1, KEY + len(text) + 1):  # position start - KEY + i
-            key = doc[i - KEY : i]
-            pos = index.get(key)
-            if pos is None:
-                index[key] = pos = array("i")
-            pos.append(live.start - KEY + i)
+        # (the end marker stands for the next, unwritten character: its position is indexed)
+        self._index_doc(START * KEY + text + END, live.start - KEY, KEY + w + 1)
         live.text = text
 
     def close(self, live: Live, text: str) -> None:
@@ -226,8 +223,13 @@ class SuffixIndex:
         self._chars[n0:n1] = codes
         self._weights[n0:n1] = weight
         self._n = n1
+        self._index_doc(doc, n0, KEY)
+
+    def _index_doc(self, doc: str, n0: int, first: int) -> None:
+        """Index positions n0 + first .. n0 + len(doc) - 1 of a document placed at n0 (with
+        its markers): each follows the `KEY` characters before it."""
         index = self._index
-        for i in range(KEY, len(doc)):  # position n0 + i follows doc[i - KEY : i]
+        for i in range(first, len(doc)):  # position n0 + i follows doc[i - KEY : i]
             key = doc[i - KEY : i]
             pos = index.get(key)
             if pos is None:
