@@ -22,11 +22,18 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--draft", default="auto")
     ap.add_argument("--items", type=int, default=256)
+    ap.add_argument(
+        "--always-draft",
+        action="store_true",
+        help="every step drafts (no plain steps chosen by the step-mode trials)",
+    )
     args = ap.parse_args()
     target = load_model("smollm2-135m")
     items = load_job(target, args.input, None)[: args.items]
     reqs = [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
-    engine = Engine(target, draft=args.draft, batch_size=args.batch_size)
+    engine = Engine(
+        target, draft=args.draft, batch_size=args.batch_size, step_modes=not args.always_draft
+    )
     engine.generate_many(reqs[: args.batch_size])  # warm-up: shapes compiled
     prof = cProfile.Profile()
     t0 = time.perf_counter()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.nn as nn
+
+PIECES = 1 << 16  # short texts and token runs whose codings are remembered (per model)
+PIECE_TOKENS, PIECE_CHARS = 8, 256  # what counts as short
 
 
 class ModelError(ValueError):
@@ -52,9 +56,25 @@ class LoadedModel:
         """Token ids of a raw completion prompt (BOS added when the tokenizer asks for it)."""
         return list(self.tokenizer.encode(prompt))
 
+    def __post_init__(self):
+        # Drafters decode a row's last tokens and re-tokenize short continuations every step,
+        # and a job's rows repeat the same pieces (keys, labels): remembered, per model.
+        self._decode_piece = functools.lru_cache(PIECES)(self._decode)
+        self._encode_piece = functools.lru_cache(PIECES)(self._encode)
+
     def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens)
+        if len(tokens) <= PIECE_TOKENS:
+            return self._decode_piece(tuple(tokens))
+        return self._decode(tokens)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a piece of text, nothing added (special-token strings map to their ids)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        if len(text) <= PIECE_CHARS:
+            return list(self._encode_piece(text))
+        return list(self._encode(text))
+
+    def _decode(self, tokens) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))

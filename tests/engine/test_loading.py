@@ -129,3 +129,15 @@ def test_missing_metadata_key(tmp_path):
     write_minimal_gguf(path, "llama")
     with pytest.raises(ModelError, match="GGUF metadata lacks llama.embedding_length"):
         load_model(str(path))
+
+
+def test_short_pieces_are_coded_as_the_tokenizer_does_and_callers_get_their_own_lists(
+    make_tiny,
+):
+    t = make_tiny(0)
+    for text in ['", "label": "', "x" * 300]:  # remembered, and too long to be
+        ids = t.encode_text(text)
+        assert ids == list(t.tokenizer.encode(text, add_special_tokens=False))
+        ids.append(0)  # a caller's list is its own
+        assert t.encode_text(text) == ids[:-1]
+        assert t.decode(ids[:-1]) == t.tokenizer.decode(ids[:-1])

@@ -3,11 +3,13 @@ frequent continuation of the longest match wins, prompts count less than answers
 are on characters (whatever the tokenization), memory stays within its bound; through the
 engine, output is plain greedy's and a job with a shared answer format accepts more later."""
 
+import random
 from types import SimpleNamespace
 
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.drafters import suffix
 from core.engine.drafters.suffix import (
     KEY,
     PROMPT_WEIGHT,
@@ -110,6 +112,32 @@ def test_many_long_rows_stay_within_the_bound():
     i = live[0]
     text, _, _ = index.continuation(query(f"row {i} says 3. row {i} says"), 8)
     assert text == " 4. row "
+
+
+def test_the_fast_paths_walk_as_the_one_character_rule_does(monkeypatch):
+    """Matches extended backwards in blocks and walks finished on host lists (few
+    candidates) give what one character at a time on arrays gives: random answers over a
+    small alphabet branch everywhere, prompts and live rows (pending text) among them."""
+    rng = random.Random(7)
+    words = ["ab", "ba", "abc", "ca", "b", "cab", '": "', "a"]
+
+    def text(n):
+        return "".join(rng.choice(words) for _ in range(n))
+
+    index = SuffixIndex()
+    for i in range(60):
+        index.add(text(rng.randint(3, 30)), 1.0 if i % 3 else PROMPT_WEIGHT)
+    for _ in range(4):
+        index.extend(index.open(200), text(8))
+    asked = [(query(text(rng.randint(1, 25))), rng.randint(1, 40)) for _ in range(300)]
+    fast = [index.continuation(q, n) for q, n in asked]
+    monkeypatch.setattr(suffix, "FEW", 0)
+    monkeypatch.setattr(suffix, "BACK_BLOCK", 1)
+    slow = [index.continuation(q, n) for q, n in asked]
+    assert sum(len(f[0]) > 1 for f in fast) > 100  # most queries continue
+    for f, s, q in zip(fast, slow, asked, strict=True):
+        assert (f[0], f[2]) == (s[0], s[2]), q
+        assert f[1] == pytest.approx(s[1]), q
 
 
 def test_the_most_frequent_continuation_of_the_longest_match_wins():

@@ -49,6 +49,8 @@ PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answe
 MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
 CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
 BLOCK = 8  # characters compared at once while every candidate agrees
+FEW = 160  # candidates below which a walk goes on in Python lists
+BACK_BLOCK = 16  # characters of the context compared at once while extending a match
 LIVE_START = 1024  # characters a live answer reserves at first; it moves to twice that when full
 LIVE_MAX = 16_384  # characters a live answer holds at most (its whole text lands on finish)
 
@@ -264,11 +266,18 @@ class SuffixIndex:
         cand = cand[(chars[cand] != PENDING) & (chars[cand - 1] == q[-1])]
         if cand.size == 0:
             return "", [], []
+        rq = q[::-1]  # rq[j]: the character j + 1 places before the query's end
         while length < len(q):  # extend the match backwards while some candidate agrees
-            keep = cand[chars[cand - length - 1] == q[-length - 1]]
-            if keep.size == 0:
+            m = min(BACK_BLOCK, len(q) - length)  # the next m characters back, at once
+            steps = length + 1 + np.arange(m)
+            ok = chars[cand[:, None] - steps] == rq[steps - 1]  # (C, m)
+            runs = np.where(ok.all(axis=1), m, ok.argmin(axis=1))  # agreeing run per candidate
+            best = int(runs.max())
+            if best == 0:
                 break
-            cand, length = keep, length + 1
+            cand, length = cand[runs == best], length + best
+            if best < m:  # every candidate left disagrees on the next character back
+                break
         anchored = length >= len(q) or query[-length - 1 : -length] == START
         if length < MIN_MATCH and not anchored:
             return "", [], []
@@ -285,6 +294,9 @@ class SuffixIndex:
             return int(np.count_nonzero(weights[c] >= 1.0))
 
         while len(out) < n_chars and cand.size:
+            if cand.size <= FEW:  # few candidates left: the rest of the walk on host lists
+                self._walk_few(cand, n_chars - len(out), out, shares, support)
+                break
             m = min(BLOCK, n_chars - len(out))
             block = chars[np.minimum(cand[:, None] + np.arange(m), self._n - 1)]  # (C, m)
             agree = (block == block[0]).all(axis=0)
@@ -319,6 +331,33 @@ class SuffixIndex:
             cand = cand[inv == b] + 1
             support.append(answers(cand))
         return "".join(map(chr, out)), shares, support
+
+    def _walk_few(
+        self, cand: np.ndarray, n: int, out: list[int], shares: list[float], support: list[int]
+    ) -> None:
+        """`_walk`'s rule for a few candidates, on Python lists (numpy's per-call cost
+        dominates there): up to `n` more characters appended to `out`, `shares`, `support`."""
+        win = self._chars[np.minimum(cand[:, None] + np.arange(n), self._n - 1)].tolist()
+        pos, wts = cand.tolist(), self._weights[cand].tolist()
+        alive = [i for i in range(len(pos))]
+        end = ord(END)
+        for j in range(n):
+            alive = [i for i in alive if win[i][j] != PENDING]  # unknown, not an end
+            if not alive:
+                return
+            weight: dict[int, float] = {}
+            latest: dict[int, int] = {}
+            for i in alive:
+                c = win[i][j]
+                weight[c] = weight.get(c, 0.0) + wts[i]
+                latest[c] = max(latest.get(c, -1), pos[i])
+            best = max(weight, key=lambda c: (weight[c], latest[c]))  # on a tie the most recent
+            if best == end:
+                return
+            out.append(best)
+            shares.append(weight[best] / sum(weight.values()) if len(weight) > 1 else 1.0)
+            alive = [i for i in alive if win[i][j] == best]
+            support.append(sum(wts[i] >= 1.0 for i in alive))
 
 
 class Corpora:
