@@ -49,7 +49,7 @@ PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answe
 MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
 CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
 BLOCK = 8  # characters compared at once while every candidate agrees
-FEW = 160  # candidates below which a walk goes on in Python lists
+FEW = 64  # candidates below which a walk goes on in Python lists
 BACK_BLOCK = 16  # characters of the context compared at once while extending a match
 LIVE_START = 1024  # characters a live answer reserves at first; it moves to twice that when full
 LIVE_MAX = 16_384  # characters a live answer holds at most (its whole text lands on finish)
@@ -337,18 +337,29 @@ class SuffixIndex:
     ) -> None:
         """`_walk`'s rule for a few candidates, on Python lists (numpy's per-call cost
         dominates there): up to `n` more characters appended to `out`, `shares`, `support`."""
-        win = self._chars[np.minimum(cand[:, None] + np.arange(n), self._n - 1)].tolist()
+        win = self._chars[np.minimum(cand[:, None] + np.arange(n), self._n - 1)]
+        cols = win.T.tolist()  # cols[j][i]: candidate i's character j
         pos, wts = cand.tolist(), self._weights[cand].tolist()
-        alive = [i for i in range(len(pos))]
+        alive = list(range(len(pos)))
+        answers = sum(w >= 1.0 for w in wts)
         end = ord(END)
-        for j in range(n):
-            alive = [i for i in alive if win[i][j] != PENDING]  # unknown, not an end
+        for col in cols:
+            vals = [col[i] for i in alive]
+            first = vals[0]
+            if vals.count(first) == len(vals):  # all agree: no counting
+                if first == end or first == PENDING:
+                    return
+                out.append(first)
+                shares.append(1.0)
+                support.append(answers)
+                continue
+            alive = [i for i in alive if col[i] != PENDING]  # unknown, not an end
             if not alive:
                 return
             weight: dict[int, float] = {}
             latest: dict[int, int] = {}
             for i in alive:
-                c = win[i][j]
+                c = col[i]
                 weight[c] = weight.get(c, 0.0) + wts[i]
                 latest[c] = max(latest.get(c, -1), pos[i])
             best = max(weight, key=lambda c: (weight[c], latest[c]))  # on a tie the most recent
@@ -356,8 +367,9 @@ class SuffixIndex:
                 return
             out.append(best)
             shares.append(weight[best] / sum(weight.values()) if len(weight) > 1 else 1.0)
-            alive = [i for i in alive if win[i][j] == best]
-            support.append(sum(wts[i] >= 1.0 for i in alive))
+            alive = [i for i in alive if col[i] == best]
+            answers = sum(wts[i] >= 1.0 for i in alive)
+            support.append(answers)
 
 
 class Corpora:
