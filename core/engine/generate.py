@@ -57,6 +57,7 @@ from .sequence import Sequence
 GREEDY = GenerationParams()
 DEFAULT_BATCH_LIMIT = 256  # rows at most when the batch size is chosen from the surface
 MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
+PROMPT_HEAD = 256  # prompt tokens of every row compared at once to find a shared prefix
 
 
 @dataclass
@@ -272,6 +273,8 @@ class Batch:
         self.drafters: list[Drafter] = engine.entry.build(self, engine.arg)
         self._done: list[Sequence] = []  # finished last step, results not yet built
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
+        self._heads: np.ndarray | None = None  # per slot, its row's first prompt tokens
+        self._head_of: list[Sequence | None] = []  # the row each slot's head belongs to
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
         self.modes = StepModes() if self.drafters and engine.step_modes else None
@@ -619,13 +622,34 @@ class Batch:
         return plan
 
     def _shared(self, s: Sequence, cached_of) -> tuple[int, Sequence | None]:
-        """The longest prefix of `s`'s prompt another row holds in the cache, and that row."""
-        best, donor = 0, None
+        """The longest prefix of `s`'s prompt another row holds in the cache, and that row
+        (the first such slot). Every row's first `PROMPT_HEAD` prompt tokens are compared at
+        once; a match that runs past them is counted on."""
+        heads = self._heads
+        if heads is None:  # one row: its prompt head, padded with -1, per slot
+            heads = self._heads = np.full((self.capacity, PROMPT_HEAD), -1, np.int32)
+            self._head_of = [None] * self.capacity
         for o in self.rows:
-            if o is not None and o is not s:
-                n = self._common(s, o, cached_of(o))
-                if n > best:
-                    best, donor = n, o
+            if o is not None and self._head_of[o.slot] is not o:
+                h = o.prompt[:PROMPT_HEAD]
+                heads[o.slot, : len(h)] = h
+                heads[o.slot, len(h) :] = -1
+                self._head_of[o.slot] = o
+        mine = np.full(PROMPT_HEAD, -2, np.int32)  # never equal to a padding
+        mine[: min(len(s.prompt), PROMPT_HEAD)] = s.prompt[:PROMPT_HEAD]
+        same = heads == mine
+        runs = np.where(same.all(axis=1), PROMPT_HEAD, same.argmin(axis=1))
+        best, donor = 0, None
+        for slot in np.flatnonzero(runs > 0).tolist():  # slot order: the first wins a tie
+            o = self.rows[slot]
+            if o is None or o is s or best >= runs[slot] < PROMPT_HEAD:
+                continue  # (a whole head matched may go on past it)
+            have = cached_of(o)
+            n = min(int(runs[slot]), len(s.prompt) - 1, have)
+            if n == PROMPT_HEAD:
+                n = self._common(s, o, have)
+            if n > best:
+                best, donor = n, o
         return (best, donor) if best >= MIN_SHARED_PREFIX else (0, None)
 
     @staticmethod
