@@ -222,13 +222,16 @@ class StepModes:
     it ends after one block of each when one kind is `CLEAR` times faster. Then the faster
     kind runs, with a new trial after `RETRY` steps, or as soon as the live rows have halved
     or doubled since the last trial (at a job's tail drafting can pay where it did not at a
-    full batch).
+    full batch), or the drafters' evidence (`Drafter.evidence`: a job's answers indexed) has
+    reached `EVIDENCE` and doubled since (a job's first wave drafts from an empty index; the
+    next one from all that the first wrote).
     """
 
     TRIAL = 8
     BLOCK = 4
     RETRY = 64
     CLEAR = 2.0
+    EVIDENCE = 8
 
     def __init__(self):
         self.rate: dict[str, float | None] = {"draft": None, "plain": None}
@@ -236,21 +239,25 @@ class StepModes:
         self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
+        self._evidence = 0  # the drafters' evidence when it ended
         self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
 
     @staticmethod
     def _new_trial() -> dict[str, list]:
         return {"draft": [0, 0, 0.0], "plain": [0, 0, 0.0]}  # steps, tokens, seconds
 
-    def observe(self, mode: str, tokens: int, seconds: float, rows: int | None = None) -> None:
-        """One step of `mode` emitted `tokens` in `seconds` with `rows` live rows; then
-        choose the next step's mode."""
+    def observe(
+        self, mode: str, tokens: int, seconds: float, rows: int | None = None, evidence: int = 0
+    ) -> None:
+        """One step of `mode` emitted `tokens` in `seconds` with `rows` live rows and the
+        drafters' `evidence`; then choose the next step's mode."""
         self.steps[mode] += 1
         trial = self._trial
         if trial is None:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
-            if self._since >= self.RETRY or moved:
+            learned = evidence >= max(self.EVIDENCE, 2 * self._evidence)
+            if self._since >= self.RETRY or moved or learned:
                 self._trial = self._new_trial()  # the current kind first, then the other
             return
         t = trial[mode]
@@ -264,5 +271,6 @@ class StepModes:
             self.rate = rates
             self.mode = max(rates, key=lambda m: rates[m])
             self._trial, self._since, self._rows = None, 0, rows
+            self._evidence = evidence
         elif trial[other][0] < self.TRIAL and (t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL):
             self.mode = other

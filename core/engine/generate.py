@@ -360,7 +360,10 @@ class Batch:
             t0, n0 = time.perf_counter(), self.emitted
             out = self._step()
             rows = self.active
-            self.modes.observe(self._mode, self.emitted - n0, time.perf_counter() - t0, rows)
+            evidence = sum(d.evidence() for d in self.drafters)
+            self.modes.observe(
+                self._mode, self.emitted - n0, time.perf_counter() - t0, rows, evidence
+            )
             return out
 
     def _step(self) -> list[GenerationResult]:

@@ -163,6 +163,32 @@ def test_step_modes_try_again_when_the_live_rows_halve():
     assert m.mode == "draft" and m.rate["draft"] == 50.0
 
 
+def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
+    """A job's first wave drafts from an empty suffix index and loses; once the index holds
+    `EVIDENCE` answers, and again each time that doubles, drafting is measured anew."""
+    from core.engine.draft_length import StepModes
+
+    m = StepModes()
+    slow, fast = {"draft": 10, "plain": 30}, {"draft": 70, "plain": 30}
+
+    def run(rates, steps, evidence):
+        seen = []
+        for _ in range(steps):
+            seen.append(m.mode)
+            m.observe(m.mode, rates[m.mode], 1.0, 64, evidence)
+        return seen
+
+    run(slow, 2 * m.BLOCK, 0)  # the first trial: drafting loses clearly
+    assert m.mode == "plain"
+    assert run(slow, 5, m.EVIDENCE - 1) == ["plain"] * 5  # not enough learned yet
+    run(slow, 1, m.EVIDENCE)  # enough: a new trial, where drafting now wins
+    assert run(fast, 2 * m.BLOCK, m.EVIDENCE) == ["plain"] * m.BLOCK + ["draft"] * m.BLOCK
+    assert m.mode == "draft"
+    assert run(fast, 5, 2 * m.EVIDENCE - 1) == ["draft"] * 5  # under twice: no trial
+    run(fast, 1, 2 * m.EVIDENCE)
+    assert m._trial is not None  # twice what it was at the last trial: measured again
+
+
 def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
     make_tiny, monkeypatch
 ):

@@ -101,3 +101,8 @@ class Drafter(Protocol):
     def step_cost(self, rows: int) -> float:
         """Cost of one drafting step over `rows` rows, in units of one plain target step at
         that batch size (0 for lookups)."""
+
+    def evidence(self) -> int:
+        """How much this drafter has learned from the batch's finished rows (a suffix
+        index's answers; 0 for drafters that do not learn): the batch re-measures drafting
+        against plain steps each time it doubles."""

@@ -100,6 +100,9 @@ class EarlyExitDrafter:
     def step_cost(self, rows: int) -> float:
         return self._share
 
+    def evidence(self) -> int:
+        return 0
+
 
 def _leaves(module):
     from mlx.utils import tree_flatten

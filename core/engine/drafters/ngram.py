@@ -148,3 +148,6 @@ class NgramDrafter:
 
     def step_cost(self, rows: int) -> float:
         return 0.0
+
+    def evidence(self) -> int:
+        return 0

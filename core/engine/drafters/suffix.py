@@ -395,6 +395,10 @@ class Corpora:
     def __contains__(self, key: Any) -> bool:
         return key in self._indexes
 
+    def answers(self) -> int:
+        """Finished answers held, over every job's index."""
+        return sum(index.outputs for index in self._indexes.values())
+
     def keys(self) -> list:
         return list(self._indexes)
 
@@ -531,3 +535,6 @@ class SuffixDrafter:
 
     def step_cost(self, rows: int) -> float:
         return 0.0
+
+    def evidence(self) -> int:
+        return self.corpora.answers()

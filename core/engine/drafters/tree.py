@@ -178,3 +178,6 @@ class TreeDrafter:
 
     def step_cost(self, rows: int) -> float:
         return 0.0
+
+    def evidence(self) -> int:
+        return 0
