@@ -222,9 +222,9 @@ class StepModes:
     it ends after one block of each when one kind is `CLEAR` times faster. Then the faster
     kind runs, with a new trial after `RETRY` steps, or as soon as the live rows have halved
     or doubled since the last trial (at a job's tail drafting can pay where it did not at a
-    full batch), or the drafters' evidence (`Drafter.evidence`: a job's answers indexed) has
-    reached `EVIDENCE` and doubled since (a job's first wave drafts from an empty index; the
-    next one from all that the first wrote).
+    full batch), or, while plain steps run, the drafters' evidence (`Drafter.evidence`: a
+    job's answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave
+    drafts from an empty index; the next one from all that the first wrote).
     """
 
     TRIAL = 8
@@ -256,7 +256,7 @@ class StepModes:
         if trial is None:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
-            learned = evidence >= max(self.EVIDENCE, 2 * self._evidence)
+            learned = self.mode == "plain" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
             if self._since >= self.RETRY or moved or learned:
                 self._trial = self._new_trial()  # the current kind first, then the other
             return

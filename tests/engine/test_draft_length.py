@@ -181,12 +181,15 @@ def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
     run(slow, 2 * m.BLOCK, 0)  # the first trial: drafting loses clearly
     assert m.mode == "plain"
     assert run(slow, 5, m.EVIDENCE - 1) == ["plain"] * 5  # not enough learned yet
-    run(slow, 1, m.EVIDENCE)  # enough: a new trial, where drafting now wins
-    assert run(fast, 2 * m.BLOCK, m.EVIDENCE) == ["plain"] * m.BLOCK + ["draft"] * m.BLOCK
+    run(slow, 1, m.EVIDENCE)  # enough: a new trial, where drafting still loses
+    assert run(slow, 2 * m.BLOCK, m.EVIDENCE) == ["plain"] * m.BLOCK + ["draft"] * m.BLOCK
+    assert m.mode == "plain"
+    assert run(slow, 5, 2 * m.EVIDENCE - 1) == ["plain"] * 5  # under twice: no trial
+    run(slow, 1, 2 * m.EVIDENCE)  # twice what it was at the last trial: now drafting wins
+    assert run(fast, 2 * m.BLOCK, 2 * m.EVIDENCE) == ["plain"] * m.BLOCK + ["draft"] * m.BLOCK
     assert m.mode == "draft"
-    assert run(fast, 5, 2 * m.EVIDENCE - 1) == ["draft"] * 5  # under twice: no trial
-    run(fast, 1, 2 * m.EVIDENCE)
-    assert m._trial is not None  # twice what it was at the last trial: measured again
+    assert run(fast, 5, 8 * m.EVIDENCE) == ["draft"] * 5  # drafting already: no trial
+    assert m._trial is None
 
 
 def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
