@@ -273,8 +273,8 @@ class Batch:
         self.drafters: list[Drafter] = engine.entry.build(self, engine.arg)
         self._done: list[Sequence] = []  # finished last step, results not yet built
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
-        self._heads: np.ndarray | None = None  # per slot, its row's first prompt tokens
-        self._head_of: list[Sequence | None] = []  # the row each slot's head belongs to
+        # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
+        self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
         self.modes = StepModes() if self.drafters and engine.step_modes else None
@@ -581,6 +581,7 @@ class Batch:
             seq.t_admit = time.perf_counter()
             seq.metrics.t_start = seq.t_admit
             self.rows[seq.slot] = seq
+            self._write_head(seq)
             self.cache.lengths[seq.slot] = 0
             if seq.on_admit is not None:
                 seq.on_admit()
@@ -628,19 +629,9 @@ class Batch:
         """The longest prefix of `s`'s prompt another row holds in the cache, and that row
         (the first such slot). Every row's first `PROMPT_HEAD` prompt tokens are compared at
         once; a match that runs past them is counted on."""
-        heads = self._heads
-        if heads is None:  # one row: its prompt head, padded with -1, per slot
-            heads = self._heads = np.full((self.capacity, PROMPT_HEAD), -1, np.int32)
-            self._head_of = [None] * self.capacity
-        for o in self.rows:
-            if o is not None and self._head_of[o.slot] is not o:
-                h = o.prompt[:PROMPT_HEAD]
-                heads[o.slot, : len(h)] = h
-                heads[o.slot, len(h) :] = -1
-                self._head_of[o.slot] = o
         mine = np.full(PROMPT_HEAD, -2, np.int32)  # never equal to a padding
         mine[: min(len(s.prompt), PROMPT_HEAD)] = s.prompt[:PROMPT_HEAD]
-        same = heads == mine
+        same = self._heads == mine
         runs = np.where(same.all(axis=1), PROMPT_HEAD, same.argmin(axis=1))
         best, donor = 0, None
         for slot in np.flatnonzero(runs > 0).tolist():  # slot order: the first wins a tie
@@ -654,6 +645,12 @@ class Batch:
             if n > best:
                 best, donor = n, o
         return (best, donor) if best >= MIN_SHARED_PREFIX else (0, None)
+
+    def _write_head(self, seq: Sequence) -> None:
+        """A row takes its slot: its first prompt tokens go into the slot's head."""
+        head = seq.prompt[:PROMPT_HEAD]
+        self._heads[seq.slot, : len(head)] = head
+        self._heads[seq.slot, len(head) :] = -1
 
     @staticmethod
     def _common(s: Sequence, o: Sequence, have: int) -> int:

@@ -365,6 +365,7 @@ def test_the_shared_prefix_found_for_all_rows_at_once_is_the_one_row_by_row(
                 prompt = stem + list(rng.integers(0, 50, rng.integers(1, 12)))
                 have = int(rng.integers(0, len(prompt) + 1))
                 batch.rows[slot] = SimpleNamespace(prompt=prompt, slot=slot, have=have)
+                batch._write_head(batch.rows[slot])
         s = batch.rows[int(rng.integers(6))]
         want = one_by_one(s)
         assert batch._shared(s, lambda o: o.have) == want
