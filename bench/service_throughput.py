@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-APPLESPEC = str(Path(sys.executable).with_name("applespec"))
+from local_service import APPLESPEC, ROOT, run_job, service_env, workers
 
 
 def main() -> None:
@@ -33,16 +30,8 @@ def main() -> None:
     ap.add_argument("--broker", default="redis://127.0.0.1:6379/7")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="applespec-service-"))
-    env = {
-        **os.environ,
-        "APPLESPEC_DATABASE_URL": f"sqlite:///{tmp / 'store.db'}",
-        "APPLESPEC_BROKER_URL": args.broker,
-        "APPLESPEC_BATCH_SIZE": str(args.batch_size),
-    }
-    subprocess.run([APPLESPEC, "db", "upgrade"], env=env, check=True, capture_output=True)
-    log = open(tmp / "worker.log", "w")
-    worker = subprocess.Popen([APPLESPEC, "worker"], env=env, stdout=log, stderr=log, cwd=ROOT)
-    try:
+    env = service_env(f"sqlite:///{tmp / 'store.db'}", args.broker, args.batch_size)
+    with workers(env, [tmp / "worker.log"]):
         from api.client import Client
         from core.settings import Settings
 
@@ -50,21 +39,15 @@ def main() -> None:
         lines = Path(args.input).read_text().splitlines()
         warm = tmp / "warm.jsonl"
         warm.write_text("\n".join(lines[:4]) + "\n")
-        client.wait(client.submit(str(warm), draft=args.draft)["id"], timeout=900)
+        run_job(client, str(warm), args.draft, timeout=900)
         t0 = time.perf_counter()
-        job = client.submit(str(Path(args.input).resolve()), draft=args.draft)
-        if job["invalid"]:
-            raise SystemExit(f"{args.input}: {job['invalid'][0]['message']}")
-        client.wait(job["id"], timeout=3600)
+        job = run_job(client, args.input, args.draft)
         service_s = time.perf_counter() - t0
         tokens = sum(
             r["response"]["body"]["usage"]["completion_tokens"]
             for r in client.results(job["id"])
             if r.get("response")
         )
-    finally:
-        worker.terminate()
-        worker.wait(60)
     out = tmp / "bench.json"
     subprocess.run(
         [

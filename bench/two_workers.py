@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-APPLESPEC = str(Path(sys.executable).with_name("applespec"))
+from local_service import run_job, service_env, workers
 
 
 def run(args, share: bool, tmp: Path) -> dict:
@@ -37,32 +34,14 @@ def run(args, share: bool, tmp: Path) -> dict:
 
     redis.Redis.from_url(args.broker).flushdb()
     url = f"sqlite:///{tmp / ('shared' if share else 'own')}.db"
-    env = {
-        **os.environ,
-        "APPLESPEC_DATABASE_URL": url,
-        "APPLESPEC_BROKER_URL": args.broker,
-        "APPLESPEC_BATCH_SIZE": str(args.batch_size),
-        "APPLESPEC_SHARE_ANSWERS": "1" if share else "0",
-    }
-    subprocess.run([APPLESPEC, "db", "upgrade"], env=env, check=True, capture_output=True)
-    logs = [open(tmp / f"worker-{share}-{i}.log", "w") for i in range(2)]
-    workers = [
-        subprocess.Popen(
-            [APPLESPEC, "worker", "--hostname", f"w{i}@%h"],
-            env=env,
-            stdout=log,
-            stderr=log,
-            cwd=ROOT,
-        )
-        for i, log in enumerate(logs)
-    ]
-    try:
+    env = service_env(
+        url, args.broker, args.batch_size, APPLESPEC_SHARE_ANSWERS="1" if share else "0"
+    )
+    logs = [tmp / f"worker-{share}-{i}.log" for i in range(2)]
+    with workers(env, logs, hostnames=True):
         client = Client(Settings.from_env(env))
         t0 = time.perf_counter()
-        job = client.submit(str(Path(args.input).resolve()), draft=args.draft)
-        if job["invalid"]:
-            raise SystemExit(f"{args.input}: {job['invalid'][0]['message']}")
-        client.wait(job["id"], timeout=3600)
+        job = run_job(client, args.input, args.draft)
         wall = time.perf_counter() - t0
         with open_sessions(url)() as s:
             rows = s.execute(
@@ -71,11 +50,6 @@ def run(args, share: bool, tmp: Path) -> dict:
                 .where(Item.job_id == job["id"])
                 .order_by(Metric.created_at, Metric.id)
             ).all()
-    finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            w.wait(60)
     tokens = sum(r[0] for r in rows)
     steps = sum(r[1] or 0 for r in rows)
     n = len(rows)
