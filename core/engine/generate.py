@@ -636,8 +636,8 @@ class Batch:
         best, donor = 0, None
         for slot in np.flatnonzero(runs > 0).tolist():  # slot order: the first wins a tie
             o = self.rows[slot]
-            if o is None or o is s or best >= runs[slot] < PROMPT_HEAD:
-                continue  # (a whole head matched may go on past it)
+            if o is None or o is s or (runs[slot] <= best and runs[slot] < PROMPT_HEAD):
+                continue  # it cannot beat `best` (unless its whole head matched: it may go on)
             have = cached_of(o)
             n = min(int(runs[slot]), len(s.prompt) - 1, have)
             if n == PROMPT_HEAD:
