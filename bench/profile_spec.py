@@ -25,8 +25,15 @@ from core.engine.benchmark import load_job
 
 # The parts of a step timed by --phases: Batch methods, the forward's graph building, and the
 # syncs (`mx.eval`; plain steps read their tokens back in `_commit_plain`).
-PHASES = ("_admit", "_prefill_plan", "_draft", "_commit", "_commit_prefill", "_commit_plain",
-          "_results")
+PHASES = (
+    "_admit",
+    "_prefill_plan",
+    "_draft",
+    "_commit",
+    "_commit_prefill",
+    "_commit_plain",
+    "_results",
+)
 
 
 @contextmanager
@@ -90,12 +97,16 @@ def main() -> None:
             out = engine.generate_many(reqs)
             wall = time.perf_counter() - t0
         tokens = sum(len(r.tokens) for r in out)
-        print(f"{args.draft} at batch {args.batch_size}: {len(out)} items, {tokens} tokens in "
-              f"{wall:.2f} s ({tokens / wall:.1f} tok/s)")
+        print(
+            f"{args.draft} at batch {args.batch_size}: {len(out)} items, {tokens} tokens in "
+            f"{wall:.2f} s ({tokens / wall:.1f} tok/s)"
+        )
         print(f"{'phase':24s} {'calls':>7s} {'seconds':>8s} {'share':>6s} {'ms/call':>8s}")
         for label, sec in seconds.most_common():
-            print(f"{label:24s} {calls[label]:7d} {sec:8.2f} {sec / wall:6.1%} "
-                  f"{1000 * sec / calls[label]:8.2f}")
+            print(
+                f"{label:24s} {calls[label]:7d} {sec:8.2f} {sec / wall:6.1%} "
+                f"{1000 * sec / calls[label]:8.2f}"
+            )
         return
     prof = cProfile.Profile()
     t0 = time.perf_counter()
