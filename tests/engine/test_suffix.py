@@ -114,10 +114,59 @@ def test_many_long_rows_stay_within_the_bound():
     assert text == " 4. row "
 
 
-def test_the_fast_paths_walk_as_the_one_character_rule_does(monkeypatch):
-    """Matches extended backwards in blocks and walks finished on host lists (few
-    candidates) give what one character at a time on arrays gives: random answers over a
-    small alphabet branch everywhere, prompts and live rows (pending text) among them."""
+def one_character_rule(index: SuffixIndex, query: str, n: int):
+    """`SuffixIndex.continuation` spelled out one character at a time on Python lists: the
+    longest suffix of the query found, extended backwards character by character, then the
+    walk (all agree: that character, an end or unwritten text stops; else unwritten text
+    drops out and the heaviest character wins, a tie to the most recent candidate)."""
+    from math import fsum
+
+    chars, weights = index._chars.tolist(), index._weights.tolist()
+    q = [ord(c) for c in query[-suffix.MAX_MATCH :]]
+    cand = [p for p in index._index.get(query[-suffix.KEY :], []) if chars[p] != suffix.PENDING]
+    cand = [p for p in cand if chars[p - 1] == q[-1]]
+    length = suffix.KEY
+    while cand and length < len(q):
+        longer = [p for p in cand if chars[p - length - 1] == q[-length - 1]]
+        if not longer:
+            break
+        cand, length = longer, length + 1
+    anchored = length >= len(q) or query[-length - 1 : -length] == suffix.START
+    if not cand or (length < suffix.MIN_MATCH and not anchored):
+        return "", [], []
+    end, out, shares, support = ord(suffix.END), [], [], []
+    at = {p: p for p in cand}  # candidate -> its position now
+    for _ in range(n):
+        nxt = {p: chars[min(at[p], index._n - 1)] for p in cand}
+        if len(set(nxt.values())) == 1:
+            c = next(iter(nxt.values()))
+            if c in (end, suffix.PENDING):
+                break
+            share = 1.0
+        else:
+            cand = [p for p in cand if nxt[p] != suffix.PENDING]
+            if not cand:
+                break
+            weight = {
+                c: fsum(weights[p] for p in cand if nxt[p] == c) for c in set(nxt[p] for p in cand)
+            }
+            c = max(weight, key=lambda c: (weight[c], max(p for p in cand if nxt[p] == c)))
+            if c == end:
+                break
+            share = weight[c] / fsum(weight.values()) if len(weight) > 1 else 1.0
+        cand = [p for p in cand if nxt[p] == c]
+        for p in cand:
+            at[p] += 1
+        out.append(c)
+        shares.append(share)
+        support.append(sum(weights[p] >= 1.0 for p in cand))
+    return "".join(map(chr, out)), shares, support
+
+
+def test_the_sorted_walk_and_block_matches_give_the_one_character_rule():
+    """Matches extended backwards in blocks and walks on sorted windows give what one
+    character at a time gives: random answers over a small alphabet branch everywhere,
+    prompts and live rows (pending text) among them."""
     rng = random.Random(7)
     words = ["ab", "ba", "abc", "ca", "b", "cab", '": "', "a"]
 
@@ -131,10 +180,9 @@ def test_the_fast_paths_walk_as_the_one_character_rule_does(monkeypatch):
         index.extend(index.open(200), text(8))
     asked = [(query(text(rng.randint(1, 25))), rng.randint(1, 40)) for _ in range(300)]
     fast = [index.continuation(q, n) for q, n in asked]
-    monkeypatch.setattr(suffix, "FEW", 0)
-    monkeypatch.setattr(suffix, "BACK_BLOCK", 1)
-    slow = [index.continuation(q, n) for q, n in asked]
+    slow = [one_character_rule(index, q, n) for q, n in asked]
     assert sum(len(f[0]) > 1 for f in fast) > 100  # most queries continue
+    assert sum(0 < s < 1 for f in fast for s in f[1]) > 100  # and branch on the way
     for f, s, q in zip(fast, slow, asked, strict=True):
         assert (f[0], f[2]) == (s[0], s[2]), q
         assert f[1] == pytest.approx(s[1]), q

@@ -48,11 +48,10 @@ MIN_MATCH = 6  # shorter matches propose nothing, unless anchored at the answer'
 PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answer's
 MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
 CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
-BLOCK = 8  # characters compared at once while every candidate agrees
-FEW = 64  # candidates below which a walk goes on in Python lists
 BACK_BLOCK = 16  # characters of the context compared at once while extending a match
 LIVE_START = 1024  # characters a live answer reserves at first; it moves to twice that when full
 LIVE_MAX = 16_384  # characters a live answer holds at most (its whole text lands on finish)
+AHEAD = 16  # tokens walked beyond those asked for, kept for the row's next steps
 
 
 class Live:
@@ -284,92 +283,70 @@ class SuffixIndex:
         return self._walk(cand, n_chars)
 
     def _walk(self, cand: np.ndarray, n_chars: int) -> tuple[str, list[float], list[int]]:
-        chars, weights = self._chars, self._weights
+        """The heaviest path through the candidates' next `n_chars` characters.
+
+        One character at a time, the rule is: where every candidate left agrees, that
+        character (an end, or text not written yet, stops the walk); where they differ, the
+        candidates whose next character is not written yet drop out and the character of
+        the most weight wins (on a tie, the one with the most recent candidate), its share
+        of the weight its confidence. The walk runs on the candidates' windows sorted as
+        strings: candidates that share a path are a contiguous range, the characters they
+        all agree on come at once, and a branch is a split of the range where neighbours'
+        common prefixes end.
+        """
+        n = n_chars
+        win = self._chars[np.minimum(cand[:, None] + np.arange(n), self._n - 1)]  # (C, n)
+        if cand.size > 1:
+            keyed = np.empty((cand.size, n + 1), ">u4")  # big-endian: bytes sort as the codes
+            keyed[:, :n] = win
+            keyed[:, n] = 0xFFFFFFFF  # never a trailing zero byte (numpy strips those)
+            order = np.argsort(keyed.view(f"S{4 * (n + 1)}").ravel(), kind="stable")
+            win, cand = win[order], cand[order]
+            differ = win[1:] != win[:-1]
+            lcp = np.where(differ.any(axis=1), differ.argmax(axis=1), n).tolist()
+        else:
+            lcp = []
+        w = self._weights[cand]
+        wts, pos = w.tolist(), cand.tolist()
+        below = np.concatenate([[0], np.cumsum(w >= 1.0)]).tolist()  # answers before each
         end = ord(END)
         out: list[int] = []
         shares: list[float] = []
         support: list[int] = []
-
-        def answers(c: np.ndarray) -> int:  # candidates from answers (prompts weigh less)
-            return int(np.count_nonzero(weights[c] >= 1.0))
-
-        while len(out) < n_chars and cand.size:
-            if cand.size <= FEW:  # few candidates left: the rest of the walk on host lists
-                self._walk_few(cand, n_chars - len(out), out, shares, support)
-                break
-            m = min(BLOCK, n_chars - len(out))
-            block = chars[np.minimum(cand[:, None] + np.arange(m), self._n - 1)]  # (C, m)
-            agree = (block == block[0]).all(axis=0)
-            run = m if agree.all() else int(np.argmin(agree))
-            if run:  # every candidate continues alike for `run` characters
-                seg = block[0, :run]
-                stop = np.flatnonzero((seg == end) | (seg == PENDING))
-                if stop.size:
-                    out += seg[: stop[0]].tolist()
-                    shares += [1.0] * int(stop[0])
-                    support += [answers(cand)] * int(stop[0])
+        lo, hi, d = 0, len(pos), 0
+        answers = below[-1]  # candidates from answers (prompts weigh less)
+        while d < n:
+            split = min(lcp[lo : hi - 1], default=n)  # columns d .. split-1: all agree
+            if split > d:
+                seg = win[lo, d:split].tolist()
+                cut = min(seg.index(c) if c in seg else len(seg) for c in (end, PENDING))
+                out += seg[:cut]
+                shares += [1.0] * cut
+                support += [answers] * cut
+                if cut < len(seg) or split >= n:
                     break
-                out += seg.tolist()
-                shares += [1.0] * run
-                support += [answers(cand)] * run
-                cand = cand + run
-                continue
-            nxt = chars[cand]
-            if (nxt == PENDING).any():  # live answers not that far yet: unknown, not an end
-                cand, nxt = cand[nxt != PENDING], nxt[nxt != PENDING]
-                if cand.size == 0:
-                    break
-            vals, inv = np.unique(nxt, return_inverse=True)
-            w = np.bincount(inv, weights=weights[cand], minlength=len(vals))
-            latest = np.zeros(len(vals), np.int64)
-            np.maximum.at(latest, inv, cand)
-            b = int(np.lexsort((latest, w))[-1])  # the heaviest; on a tie the most recent
-            if vals[b] == end:
+                d = split
+            col = win[lo:hi, d].tolist()
+            groups, first = [], lo  # (character, lo, hi) of each branch
+            for i in range(lo, hi - 1):
+                if lcp[i] == d:
+                    groups.append((col[first - lo], first, i + 1))
+                    first = i + 1
+            groups.append((col[first - lo], first, hi))
+            weight = {  # text not written yet: unknown, not an end
+                g: math.fsum(wts[g[1] : g[2]]) for g in groups if g[0] != PENDING
+            }
+            if not weight:
                 break
-            out.append(int(vals[b]))
-            shares.append(float(w[b] / w.sum()))
-            cand = cand[inv == b] + 1
-            support.append(answers(cand))
-        return "".join(map(chr, out)), shares, support
-
-    def _walk_few(
-        self, cand: np.ndarray, n: int, out: list[int], shares: list[float], support: list[int]
-    ) -> None:
-        """`_walk`'s rule for a few candidates, on Python lists (numpy's per-call cost
-        dominates there): up to `n` more characters appended to `out`, `shares`, `support`."""
-        win = self._chars[np.minimum(cand[:, None] + np.arange(n), self._n - 1)]
-        cols = win.T.tolist()  # cols[j][i]: candidate i's character j
-        pos, wts = cand.tolist(), self._weights[cand].tolist()
-        alive = list(range(len(pos)))
-        answers = sum(w >= 1.0 for w in wts)
-        end = ord(END)
-        for col in cols:
-            vals = [col[i] for i in alive]
-            first = vals[0]
-            if vals.count(first) == len(vals):  # all agree: no counting
-                if first == end or first == PENDING:
-                    return
-                out.append(first)
-                shares.append(1.0)
-                support.append(answers)
-                continue
-            alive = [i for i in alive if col[i] != PENDING]  # unknown, not an end
-            if not alive:
-                return
-            weight: dict[int, float] = {}
-            latest: dict[int, int] = {}
-            for i in alive:
-                c = col[i]
-                weight[c] = weight.get(c, 0.0) + wts[i]
-                latest[c] = max(latest.get(c, -1), pos[i])
-            best = max(weight, key=lambda c: (weight[c], latest[c]))  # on a tie the most recent
-            if best == end:
-                return
-            out.append(best)
-            shares.append(weight[best] / sum(weight.values()) if len(weight) > 1 else 1.0)
-            alive = [i for i in alive if col[i] == best]
-            answers = sum(wts[i] >= 1.0 for i in alive)
+            best = max(weight, key=lambda g: (weight[g], max(pos[g[1] : g[2]])))
+            if best[0] == end:
+                break
+            out.append(best[0])
+            shares.append(weight[best] / math.fsum(weight.values()) if len(weight) > 1 else 1.0)
+            lo, hi, d = best[1], best[2], d + 1
+            answers = below[hi] - below[lo]
             support.append(answers)
+        return "".join(map(chr, out)), shares, support
 
 
 class Corpora:
@@ -421,8 +398,12 @@ class Calibration:
         return min(int(share * 10), 9), bisect.bisect_right(self.SUPPORT, support)
 
     def rate(self, share: float, support: int) -> float:
-        b = self.bucket(share, support)
-        return float(self.hits[b] / self.tries[b])
+        b0, b1 = self.bucket(share, support)
+        return self.rates()[b0][b1]
+
+    def rates(self) -> list[list[float]]:
+        """Every bucket's rate, [share bin][support bin]."""
+        return (self.hits / self.tries).tolist()
 
     def observe(self, buckets: list[tuple[int, int]], accepted: int) -> None:
         """`buckets` of the nodes verified, in order; the first `accepted` were kept."""
@@ -433,12 +414,30 @@ class Calibration:
 
 class _Row:
     """One row's answer text so far (decoded incrementally), its job's index and its live
-    region there."""
+    region there, and the continuation of its last walk: tokens from output position `at`
+    on, each with its calibration bucket, `whole` if the walk ended before its length."""
 
     def __init__(self, index: SuffixIndex, decode, reserve: int):
         self.index = index
         self.text = DecodedText(decode)
         self.live = index.open(reserve)
+        self.ahead: list[int] = []
+        self.buckets: list[tuple[int, int]] = []
+        self.at, self.whole = 0, False
+
+    def kept(self, output: list[int], k: int) -> bool:
+        """The row went on as its last continuation said (every token since `at`), and what
+        is left of it holds the `k` tokens asked for (or all the walk found): then that is
+        moved up to the row's end."""
+        n, at = len(output), self.at
+        if not self.ahead or n <= at or output[at:] != self.ahead[: n - at]:
+            return False
+        left = len(self.ahead) - (n - at)
+        if left <= 0 or not (self.whole or left >= k):
+            return False
+        del self.ahead[: n - at], self.buckets[: n - at]
+        self.at = n
+        return True
 
 
 class SuffixDrafter:
@@ -475,21 +474,38 @@ class SuffixDrafter:
             head = row.text.of(s.output[: len(s.output) - len(tail)])
             row.index.extend(row.live, head)
             heads.append((head, tail))
+        rates = self.calibration.rates()
         for s, k, (head, tail) in zip(seqs, ks, heads, strict=True):
-            toks, ch = self._propose(s, k, head, tail) if k > 0 else ([], [])
+            toks, ch = self._propose(s, k, head, tail, rates) if k > 0 else ([], [])
             sizes.append(len(toks))
             tokens.append(toks)
             chances.append(ch)
         return Draft(sizes=sizes, tokens=tokens, chances=chances, source=self.name)
 
-    def _propose(self, s, k: int, head: str, tail: list[int]) -> tuple[list[int], list[float]]:
+    def _propose(
+        self, s, k: int, head: str, tail: list[int], rates: list[list[float]]
+    ) -> tuple[list[int], list[float]]:
         row: _Row = s.state[self.name]
+        if not row.kept(s.output, k):  # else the last walk still holds: no new one
+            self._walk_row(row, s.output, k + AHEAD, head, tail)
+        ids, buckets = row.ahead[:k], row.buckets[:k]
+        chances, p = [], 1.0
+        for b, c in buckets:
+            p *= rates[b][c]
+            chances.append(p)
+        if ids:
+            self._buckets[s.uid] = buckets
+        return ids, chances
+
+    def _walk_row(self, row: _Row, output: list[int], k: int, head: str, tail: list[int]):
+        """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`."""
+        row.ahead, row.buckets, row.at, row.whole = [], [], len(output), False
         # The pending token is part of the answer so far; the tail checks the boundary.
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
         cont, shares, support = row.index.continuation(query, CHARS_PER_TOKEN * k + 1)
         if not cont:
-            return [], []
+            return
         ids = self.target.encode_text(tail_text + cont)
         if ids[: len(tail)] == tail:
             ids = ids[len(tail) :]
@@ -497,8 +513,10 @@ class SuffixDrafter:
             ids = self.target.encode_text(cont)
         if len(cont) > CHARS_PER_TOKEN * k:
             ids = ids[:-1]  # the walk stopped at the length asked: the last token may be cut
+        else:
+            row.whole = True  # it ended where the index's candidates did
         ids = ids[:k]
-        chances, buckets, at, p = [], [], 0, 1.0
+        at = 0
         for t in ids:
             # A token is accepted if the walk's choice held for each of its characters.
             n = self._chars_of.get(t)
@@ -508,11 +526,8 @@ class SuffixDrafter:
             share = math.prod(shares[c] for c in span) if span else shares[-1]
             sup = support[span[-1]] if span else support[-1]
             at += n
-            buckets.append(self.calibration.bucket(share, sup))
-            p *= self.calibration.rate(share, sup)
-            chances.append(p)
-        self._buckets[s.uid] = buckets
-        return ids, chances
+            row.buckets.append(self.calibration.bucket(share, sup))
+        row.ahead = ids
 
     def commit(self, seqs, draft: Draft, paths) -> None:
         for s, size, path in zip(seqs, draft.sizes, paths, strict=True):
