@@ -140,12 +140,23 @@ class BatchKVCache:
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Row `dst`'s first `n` positions become row `src`'s (a shared prompt prefix); its
         length becomes `n`."""
-        if n:
-            pieces = _detached([None if a is None else a[src, :, :n] for a in self._arrays()])
+        self.copy_prefixes([(src, dst, n)])
+
+    def copy_prefixes(self, copies: list[tuple[int, int, int]]) -> None:
+        """`copy_prefix` for several (src, dst, n) at once: one gather and one update per
+        layer array for all of them, not one each. No dst may be a src of the same call.
+        Each copies the longest n's positions: those beyond its own n lie beyond its length,
+        never read, and its prompt's own tokens are written there next."""
+        width = max((n for _, _, n in copies), default=0)
+        if width:
+            src = mx.array([s for s, _, _ in copies])
+            dst = mx.array([d for _, d, _ in copies])
+            pieces = _detached([None if a is None else a[src, :, :width] for a in self._arrays()])
             for a, p in zip(self._arrays(), pieces, strict=True):
                 if a is not None:
-                    a[dst, :, :n] = p
-        self.lengths[dst] = n
+                    a[dst, :, :width] = p
+        for _, d, n in copies:
+            self.lengths[d] = n
 
     def _arrays(self) -> list[mx.array | None]:
         return self.keys + self.values

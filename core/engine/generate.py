@@ -608,13 +608,17 @@ class Batch:
             key=lambda s: s.t_admit,
         )
         share = self.engine.share_prefixes
+        copies: list[tuple[int, int, int]] = []  # (donor slot, slot, positions), made at once
         for s in joining:
             if budget <= 0:
                 break
             if share:
                 ready, donor = self._shared(s, lambda o: o.cached if o.output else o.prefilled)
                 if donor is not None and ready > s.prefilled:
-                    self.cache.copy_prefix(donor.slot, s.slot, ready)
+                    if any(donor.slot == d for _, d, _ in copies):  # its prefix is copied first
+                        self.cache.copy_prefixes(copies)
+                        copies = []
+                    copies.append((donor.slot, s.slot, ready))
                     s.metrics.shared_prefix += ready - s.prefilled
                     s.prefilled = ready
                 coming = max((self._common(s, o, o.prefilled + len(c)) for o, c in plan), default=0)
@@ -623,6 +627,8 @@ class Batch:
             chunk = s.prompt[s.prefilled : s.prefilled + budget]
             plan.append((s, chunk))
             budget -= len(chunk)
+        if copies:
+            self.cache.copy_prefixes(copies)
         return plan
 
     def _shared(self, s: Sequence, cached_of) -> tuple[int, Sequence | None]:

@@ -312,9 +312,11 @@ def test_an_unknown_model_family_is_refused(make_tiny):
         t.model.args.model_type = "llama"
 
 
-def test_rows_sharing_a_prompt_prefix_copy_it_and_generate_the_same(make_tiny):
+@pytest.mark.parametrize("batch", [3, 5])
+def test_rows_sharing_a_prompt_prefix_copy_it_and_generate_the_same(make_tiny, batch):
     """Prompts sharing a template: joining rows copy the prefix another row holds (in the
-    first wave too: they wait a step for it) instead of computing it; outputs are unchanged."""
+    first wave too: they wait a step for it, then copy it together) instead of computing it;
+    outputs are unchanged."""
     target = make_tiny(6)
     template = "You label reviews as positive or negative, one word. Review: "
     texts = [
@@ -322,13 +324,13 @@ def test_rows_sharing_a_prompt_prefix_copy_it_and_generate_the_same(make_tiny):
     ]
     reqs = [(target.encode_prompt(t), GenerationParams(max_tokens=12)) for t in texts]
     want = [plain(target, p, q) for p, q in reqs]
-    shared = Engine(target, draft="ngram", surface=FLAT, batch_size=3).generate_many(reqs)
+    shared = Engine(target, draft="ngram", surface=FLAT, batch_size=batch).generate_many(reqs)
     assert [r.tokens for r in shared] == want
     copied = [r.timing["shared_prefix_tokens"] for r in shared]
     assert (
         sum(c > 0 for c in copied) >= 3 and max(copied) >= len(target.encode_prompt(template)) - 1
     )
-    alone = Engine(target, draft="ngram", surface=FLAT, batch_size=3, share_prefixes=False)
+    alone = Engine(target, draft="ngram", surface=FLAT, batch_size=batch, share_prefixes=False)
     assert all(r.timing["shared_prefix_tokens"] == 0 for r in alone.generate_many(reqs))
 
 

@@ -138,3 +138,26 @@ def test_growth_keeps_the_rows(make_tiny):
     forward(model, cache, [Segment([1], [long], logits="none")])  # grows every layer past 256
     assert cache.size >= 300
     assert all(_same_kv(b, _row_kv(cache, r)) for b, r in zip(before, (0, 2, 3), strict=True))
+
+
+def test_prefixes_copied_at_once_are_the_ones_copied_one_by_one():
+    """Several joining rows copy their donors' prefixes in one gather and one update per
+    layer array: each gets its own donor's first n positions and its length n; donors and
+    rows not copied to keep theirs."""
+    rng = np.random.default_rng(0)
+    cache = BatchKVCache(2, 6, pad=0)
+    cache.reserve(16)
+    for layer in range(2):
+        for arrays in (cache.keys, cache.values):
+            arrays[layer] = mx.array(rng.standard_normal((6, 2, cache.size, 4)).astype(np.float32))
+    cache.lengths[:] = [12, 10, 0, 0, 0, 7]
+    before = [np.array(a) for a in cache.state()]
+    copies = [(0, 3, 5), (1, 4, 9), (0, 2, 2)]
+    cache.copy_prefixes(copies)
+    after = [np.array(a) for a in cache.state()]
+    assert cache.lengths.tolist() == [12, 10, 2, 5, 9, 7]
+    for b, a in zip(before, after, strict=True):
+        for src, dst, n in copies:
+            assert np.array_equal(a[dst, :, :n], b[src, :, :n])
+        for r in (0, 1, 5):
+            assert np.array_equal(a[r], b[r])
