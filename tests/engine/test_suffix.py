@@ -134,6 +134,7 @@ def one_character_rule(index: SuffixIndex, query: str, n: int):
     anchored = length >= len(q) or query[-length - 1 : -length] == suffix.START
     if not cand or (length < suffix.MIN_MATCH and not anchored):
         return "", [], []
+    cand = sorted(cand)[-suffix.WALKED :]
     end, out, shares, support = ord(suffix.END), [], [], []
     at = {p: p for p in cand}  # candidate -> its position now
     for _ in range(n):
@@ -163,10 +164,13 @@ def one_character_rule(index: SuffixIndex, query: str, n: int):
     return "".join(map(chr, out)), shares, support
 
 
-def test_the_sorted_walk_and_block_matches_give_the_one_character_rule():
+@pytest.mark.parametrize("walked", [suffix.WALKED, 8])
+def test_the_sorted_walk_and_block_matches_give_the_one_character_rule(monkeypatch, walked):
     """Matches extended backwards in blocks and walks on sorted windows give what one
     character at a time gives: random answers over a small alphabet branch everywhere,
-    prompts and live rows (pending text) among them."""
+    prompts and live rows (pending text) among them; with few candidates walked, the same
+    most recent ones."""
+    monkeypatch.setattr(suffix, "WALKED", walked)
     rng = random.Random(7)
     words = ["ab", "ba", "abc", "ca", "b", "cab", '": "', "a"]
 

@@ -49,6 +49,7 @@ PROMPT_WEIGHT = 0.2  # a prompt's continuation counts this much against an answe
 MAX_CHARS = 4_000_000  # per job: the oldest documents go first beyond this
 CHARS_PER_TOKEN = 4  # continuation characters walked per requested token (cut at the end)
 BACK_BLOCK = 16  # characters of the context compared at once while extending a match
+WALKED = 128  # a walk follows the longest match's most recent candidates, this many at most
 LIVE_START = 1024  # characters a live answer reserves at first; it moves to twice that when full
 LIVE_MAX = 16_384  # characters a live answer holds at most (its whole text lands on finish)
 AHEAD = 16  # tokens walked beyond those asked for, kept for the row's next steps
@@ -249,7 +250,8 @@ class SuffixIndex:
 
     def continuation(self, query: str, n_chars: int) -> tuple[str, list[float], list[int]]:
         """The most frequent continuation of the longest suffix of `query` (an answer's text so
-        far, behind `START * KEY`) that occurs in the index, up to `n_chars` characters.
+        far, behind `START * KEY`) that occurs in the index, up to `n_chars` characters,
+        among that suffix's `WALKED` most recent occurrences.
 
         Returns the text, per character its weighted share among the candidates still on the
         path, and the number of those candidates that are answers (0: prompts only).
@@ -280,6 +282,8 @@ class SuffixIndex:
         anchored = length >= len(q) or query[-length - 1 : -length] == START
         if length < MIN_MATCH and not anchored:
             return "", [], []
+        if cand.size > WALKED:  # the latest: what the job writes now, at a bounded cost
+            cand = np.partition(cand, cand.size - WALKED)[-WALKED:]
         return self._walk(cand, n_chars)
 
     def _walk(self, cand: np.ndarray, n_chars: int) -> tuple[str, list[float], list[int]]:
