@@ -342,3 +342,42 @@ def test_calibration_learns_how_often_a_bucket_is_accepted():
     before = cal.tries.sum()
     cal.observe([b, b, b], 0)  # only the first node was verified on its own merit
     assert cal.tries.sum() == before + 1
+
+
+def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
+    """A walk goes past the tokens asked for; while the row's next tokens are the ones it
+    said and enough of it is left, the rest is proposed without a new walk. A row that goes
+    elsewhere, or that used up what was walked, is walked again."""
+    target = SimpleNamespace(
+        decode=lambda ids: "".join(map(chr, ids)), encode_text=lambda t: [ord(c) for c in t]
+    )
+    drafter = SuffixDrafter(
+        SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora()))
+    )
+    answer = '{"name": "Maria Lopez", "city": "Madrid", "label": "positive"}'
+    drafter.corpora.get("job").add(answer)
+    walks = []
+    walk = SuffixIndex.continuation
+    monkeypatch.setattr(
+        SuffixIndex, "continuation", lambda self, q, n: walks.append(q) or walk(self, q, n)
+    )
+    seq = Sequence(prompt=[1], params=GenerationParams(), max_tokens=200, seed=0)
+    seq.corpus, seq.output = "job", target.encode_text('{"name": "M')
+    drafter.admit(seq)
+
+    def propose(k=8):
+        draft = drafter.propose([seq], [k])
+        assert all(0 < c <= 1 for c in draft.chances[0])
+        return target.decode(draft.host_tokens(0))
+
+    assert propose() == "aria Lop" and len(walks) == 1
+    seq.output += target.encode_text("aria")  # three accepted and the target's next
+    assert propose() == ' Lopez",' and len(walks) == 1  # what was walked goes on
+    seq.output += target.encode_text(" Lopez")
+    assert propose() == '", "city' and len(walks) == 1
+    seq.output += target.encode_text("'")  # not what the walk said
+    assert propose() == "" and len(walks) == 2
+    seq.output = target.encode_text('{"name": "Maria Lopez", "city": "Madrid", "la')
+    assert propose() == 'bel": "p' and len(walks) == 3  # a new walk from where the row is
+    seq.output += target.encode_text('bel": "positi')
+    assert propose(k=8) == 've"}' and len(walks) == 4  # too little left of it: walked again

@@ -419,7 +419,7 @@ class Calibration:
 class _Row:
     """One row's answer text so far (decoded incrementally), its job's index and its live
     region there, and the continuation of its last walk: tokens from output position `at`
-    on, each with its calibration bucket, `whole` if the walk ended before its length."""
+    on, each with its calibration bucket."""
 
     def __init__(self, index: SuffixIndex, decode, reserve: int):
         self.index = index
@@ -427,17 +427,18 @@ class _Row:
         self.live = index.open(reserve)
         self.ahead: list[int] = []
         self.buckets: list[tuple[int, int]] = []
-        self.at, self.whole = 0, False
+        self.at = 0
 
     def kept(self, output: list[int], k: int) -> bool:
         """The row went on as its last continuation said (every token since `at`), and what
-        is left of it holds the `k` tokens asked for (or all the walk found): then that is
-        moved up to the row's end."""
+        is left of it still holds the `k` tokens asked for: then that is moved up to the
+        row's end. (A walk that stopped short is walked again: the live rows it stopped at
+        may have written further since.)"""
         n, at = len(output), self.at
         if not self.ahead or n <= at or output[at:] != self.ahead[: n - at]:
             return False
         left = len(self.ahead) - (n - at)
-        if left <= 0 or not (self.whole or left >= k):
+        if left < k:
             return False
         del self.ahead[: n - at], self.buckets[: n - at]
         self.at = n
@@ -503,7 +504,7 @@ class SuffixDrafter:
 
     def _walk_row(self, row: _Row, output: list[int], k: int, head: str, tail: list[int]):
         """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`."""
-        row.ahead, row.buckets, row.at, row.whole = [], [], len(output), False
+        row.ahead, row.buckets, row.at = [], [], len(output)
         # The pending token is part of the answer so far; the tail checks the boundary.
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
@@ -517,8 +518,6 @@ class SuffixDrafter:
             ids = self.target.encode_text(cont)
         if len(cont) > CHARS_PER_TOKEN * k:
             ids = ids[:-1]  # the walk stopped at the length asked: the last token may be cut
-        else:
-            row.whole = True  # it ended where the index's candidates did
         ids = ids[:k]
         at = 0
         for t in ids:
