@@ -133,15 +133,16 @@ def one_character_rule(index: SuffixIndex, query: str, n: int):
         cand, length = longer, length + 1
     anchored = length >= len(q) or query[-length - 1 : -length] == suffix.START
     if not cand or (length < suffix.MIN_MATCH and not anchored):
-        return "", [], []
+        return "", [], [], False
     cand = sorted(cand)[-suffix.WALKED :]
-    end, out, shares, support = ord(suffix.END), [], [], []
+    end, out, shares, support, ended = ord(suffix.END), [], [], [], False
     at = {p: p for p in cand}  # candidate -> its position now
     for _ in range(n):
         nxt = {p: chars[min(at[p], index._n - 1)] for p in cand}
         if len(set(nxt.values())) == 1:
             c = next(iter(nxt.values()))
             if c in (end, suffix.PENDING):
+                ended = c == end
                 break
             share = 1.0
         else:
@@ -153,6 +154,7 @@ def one_character_rule(index: SuffixIndex, query: str, n: int):
             }
             c = max(weight, key=lambda c: (weight[c], max(p for p in cand if nxt[p] == c)))
             if c == end:
+                ended = True
                 break
             share = weight[c] / fsum(weight.values()) if len(weight) > 1 else 1.0
         cand = [p for p in cand if nxt[p] == c]
@@ -161,7 +163,7 @@ def one_character_rule(index: SuffixIndex, query: str, n: int):
         out.append(c)
         shares.append(share)
         support.append(sum(weights[p] >= 1.0 for p in cand))
-    return "".join(map(chr, out)), shares, support
+    return "".join(map(chr, out)), shares, support, ended
 
 
 @pytest.mark.parametrize("walked", [suffix.WALKED, 8])
@@ -183,12 +185,13 @@ def test_the_sorted_walk_and_block_matches_give_the_one_character_rule(monkeypat
     for _ in range(4):
         index.extend(index.open(200), text(8))
     asked = [(query(text(rng.randint(1, 25))), rng.randint(1, 40)) for _ in range(300)]
-    fast = [index.continuation(q, n) for q, n in asked]
+    fast = [index.walk(q, n) for q, n in asked]
     slow = [one_character_rule(index, q, n) for q, n in asked]
     assert sum(len(f[0]) > 1 for f in fast) > 100  # most queries continue
+    assert 50 < sum(f[3] for f in fast) < 250  # some walks end at an end, others do not
     assert sum(0 < s < 1 for f in fast for s in f[1]) > 100  # and branch on the way
     for f, s, q in zip(fast, slow, asked, strict=True):
-        assert (f[0], f[2]) == (s[0], s[2]), q
+        assert (f[0], f[2], f[3]) == (s[0], s[2], s[3]), q
         assert f[1] == pytest.approx(s[1]), q
 
 
@@ -346,8 +349,9 @@ def test_calibration_learns_how_often_a_bucket_is_accepted():
 
 def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
     """A walk goes past the tokens asked for; while the row's next tokens are the ones it
-    said and enough of it is left, the rest is proposed without a new walk. A row that goes
-    elsewhere, or that used up what was walked, is walked again."""
+    said and enough of it is left (or all there is, where the walk ended at an answer's end),
+    the rest is proposed without a new walk. A row that goes elsewhere, or that used up what
+    was walked, is walked again."""
     target = SimpleNamespace(
         decode=lambda ids: "".join(map(chr, ids)), encode_text=lambda t: [ord(c) for c in t]
     )
@@ -357,10 +361,8 @@ def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
     answer = '{"name": "Maria Lopez", "city": "Madrid", "label": "positive"}'
     drafter.corpora.get("job").add(answer)
     walks = []
-    walk = SuffixIndex.continuation
-    monkeypatch.setattr(
-        SuffixIndex, "continuation", lambda self, q, n: walks.append(q) or walk(self, q, n)
-    )
+    walk = SuffixIndex.walk
+    monkeypatch.setattr(SuffixIndex, "walk", lambda self, q, n: walks.append(q) or walk(self, q, n))
     seq = Sequence(prompt=[1], params=GenerationParams(), max_tokens=200, seed=0)
     seq.corpus, seq.output = "job", target.encode_text('{"name": "M')
     drafter.admit(seq)
@@ -380,4 +382,6 @@ def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
     seq.output = target.encode_text('{"name": "Maria Lopez", "city": "Madrid", "la')
     assert propose() == 'bel": "p' and len(walks) == 3  # a new walk from where the row is
     seq.output += target.encode_text('bel": "positi')
-    assert propose(k=8) == 've"}' and len(walks) == 4  # too little left of it: walked again
+    assert propose(k=8) == 've"}' and len(walks) == 3  # all there is: that walk ended at an end
+    seq.output += target.encode_text('ve"}')
+    assert propose(k=8) == "" and len(walks) == 4  # nothing left of it: walked again

@@ -249,24 +249,30 @@ class SuffixIndex:
             )
 
     def continuation(self, query: str, n_chars: int) -> tuple[str, list[float], list[int]]:
+        """`walk`'s text, shares and support."""
+        return self.walk(query, n_chars)[:3]
+
+    def walk(self, query: str, n_chars: int) -> tuple[str, list[float], list[int], bool]:
         """The most frequent continuation of the longest suffix of `query` (an answer's text so
         far, behind `START * KEY`) that occurs in the index, up to `n_chars` characters,
         among that suffix's `WALKED` most recent occurrences.
 
         Returns the text, per character its weighted share among the candidates still on the
-        path, and the number of those candidates that are answers (0: prompts only).
+        path, the number of those candidates that are answers (0: prompts only), and
+        whether the walk ended at an end (the answers on its path end there; not at the
+        length asked, nor at text not written yet).
         """
         q = np.frombuffer(query[-MAX_MATCH:].encode("utf-32-le"), np.uint32)
         pos = self._index.get(query[-KEY:])
         if pos is None or n_chars <= 0:
-            return "", [], []
+            return "", [], [], False
         cand = np.frombuffer(pos, np.int32).astype(np.int64)
         chars, length = self._chars, KEY
         # Not yet written (a live answer's end: the querying row's own, among others) or
         # given up: no candidate.
         cand = cand[(chars[cand] != PENDING) & (chars[cand - 1] == q[-1])]
         if cand.size == 0:
-            return "", [], []
+            return "", [], [], False
         rq = q[::-1]  # rq[j]: the character j + 1 places before the query's end
         while length < len(q):  # extend the match backwards while some candidate agrees
             m = min(BACK_BLOCK, len(q) - length)  # the next m characters back, at once
@@ -281,12 +287,12 @@ class SuffixIndex:
                 break
         anchored = length >= len(q) or query[-length - 1 : -length] == START
         if length < MIN_MATCH and not anchored:
-            return "", [], []
+            return "", [], [], False
         if cand.size > WALKED:  # the latest: what the job writes now, at a bounded cost
             cand = np.partition(cand, cand.size - WALKED)[-WALKED:]
         return self._walk(cand, n_chars)
 
-    def _walk(self, cand: np.ndarray, n_chars: int) -> tuple[str, list[float], list[int]]:
+    def _walk(self, cand: np.ndarray, n_chars: int) -> tuple[str, list[float], list[int], bool]:
         """The heaviest path through the candidates' next `n_chars` characters.
 
         One character at a time, the rule is: where every candidate left agrees, that
@@ -317,7 +323,7 @@ class SuffixIndex:
         out: list[int] = []
         shares: list[float] = []
         support: list[int] = []
-        lo, hi, d = 0, len(pos), 0
+        lo, hi, d, ended = 0, len(pos), 0, False
         answers = below[-1]  # candidates from answers (prompts weigh less)
         while d < n:
             split = min(lcp[lo : hi - 1], default=n)  # columns d .. split-1: all agree
@@ -328,6 +334,7 @@ class SuffixIndex:
                 shares += [1.0] * cut
                 support += [answers] * cut
                 if cut < len(seg) or split >= n:
+                    ended = cut < len(seg) and seg[cut] == end
                     break
                 d = split
             col = win[lo:hi, d].tolist()
@@ -344,13 +351,14 @@ class SuffixIndex:
                 break
             best = max(weight, key=lambda g: (weight[g], max(pos[g[1] : g[2]])))
             if best[0] == end:
+                ended = True
                 break
             out.append(best[0])
             shares.append(weight[best] / math.fsum(weight.values()) if len(weight) > 1 else 1.0)
             lo, hi, d = best[1], best[2], d + 1
             answers = below[hi] - below[lo]
             support.append(answers)
-        return "".join(map(chr, out)), shares, support
+        return "".join(map(chr, out)), shares, support, ended
 
 
 class Corpora:
@@ -419,7 +427,7 @@ class Calibration:
 class _Row:
     """One row's answer text so far (decoded incrementally), its job's index and its live
     region there, and the continuation of its last walk: tokens from output position `at`
-    on, each with its calibration bucket."""
+    on, each with its calibration bucket, `whole` if that walk ended at an end."""
 
     def __init__(self, index: SuffixIndex, decode, reserve: int):
         self.index = index
@@ -427,18 +435,19 @@ class _Row:
         self.live = index.open(reserve)
         self.ahead: list[int] = []
         self.buckets: list[tuple[int, int]] = []
-        self.at = 0
+        self.at, self.whole = 0, False
 
     def kept(self, output: list[int], k: int) -> bool:
         """The row went on as its last continuation said (every token since `at`), and what
-        is left of it still holds the `k` tokens asked for: then that is moved up to the
-        row's end. (A walk that stopped short is walked again: the live rows it stopped at
-        may have written further since.)"""
+        is left of it still holds the `k` tokens asked for, or all there is (`whole`: the
+        walk ended where the answers on its path end): then that is moved up to the row's
+        end. (A walk that stopped at live rows' unwritten text is walked again: they may
+        have written further since.)"""
         n, at = len(output), self.at
         if not self.ahead or n <= at or output[at:] != self.ahead[: n - at]:
             return False
         left = len(self.ahead) - (n - at)
-        if left < k:
+        if left <= 0 or (left < k and not self.whole):
             return False
         del self.ahead[: n - at], self.buckets[: n - at]
         self.at = n
@@ -504,11 +513,11 @@ class SuffixDrafter:
 
     def _walk_row(self, row: _Row, output: list[int], k: int, head: str, tail: list[int]):
         """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`."""
-        row.ahead, row.buckets, row.at = [], [], len(output)
+        row.ahead, row.buckets, row.at, row.whole = [], [], len(output), False
         # The pending token is part of the answer so far; the tail checks the boundary.
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
-        cont, shares, support = row.index.continuation(query, CHARS_PER_TOKEN * k + 1)
+        cont, shares, support, row.whole = row.index.walk(query, CHARS_PER_TOKEN * k + 1)
         if not cont:
             return
         ids = self.target.encode_text(tail_text + cont)
