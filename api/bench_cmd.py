@@ -69,6 +69,11 @@ def _sizes(value: str | None, param: str) -> list[int] | None:
 @click.option("--max-tokens", type=click.IntRange(1), help="Override every line's max_tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Also write JSON here.")
+@click.option(
+    "--phases",
+    is_flag=True,
+    help="Time each part of our engine's steps in the timed runs (printed, and in the JSON).",
+)
 def bench(
     model,
     input_path,
@@ -83,6 +88,7 @@ def bench(
     max_tokens,
     as_json,
     output,
+    phases,
 ):
     """Tokens/s of mlx-lm's batch_generate and of our engine on one job, same weights.
 
@@ -133,6 +139,7 @@ def bench(
             configs=wanted,
             also_draft=[d.strip() for d in (also_draft or "").split(",") if d.strip()],
             progress=progress,
+            phases=phases,
         )
     except ValueError as e:  # a bad drafter spec
         raise click.ClickException(str(e)) from None

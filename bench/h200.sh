@@ -83,7 +83,7 @@ labeling1024)  # -> h200-labeling-1024.json: 1024 labeling items at batch 256 (f
   python3 examples/make_jobs.py --kind labeling --items 1024 -o "$HOME/labeling-1024.jsonl"
   bench --input "$HOME/labeling-1024.jsonl" --batch-sizes 256 --our-batch-sizes 256 \
     --rows ours_batched,ours_batched_spec --draft suffix --also-draft ngram \
-    --reference ours_single --reference-items 2 \
+    --reference ours_single --reference-items 2 --phases \
     -o "$OUT/h200-labeling-1024.json" 2>&1 | tee "$OUT/h200-labeling-1024.txt"
   ;;
 phases)  # -> h200-phases-labeling-1024.txt: where a step's wall time goes, suffix / ngram / none at batch 256

@@ -14,61 +14,9 @@ import cProfile
 import io
 import pstats
 import time
-from collections import Counter
-from contextlib import contextmanager
-
-import mlx.core as mx
 
 from core.engine import Engine, GenerationParams, load_model
-from core.engine import generate as gen
-from core.engine.benchmark import load_job
-
-# The parts of a step timed by --phases: Batch methods, the forward's graph building, and the
-# syncs (`mx.eval`; plain steps read their tokens back in `_commit_plain`).
-PHASES = (
-    "_admit",
-    "_prefill_plan",
-    "_draft",
-    "_commit",
-    "_commit_prefill",
-    "_commit_plain",
-    "_results",
-)
-
-
-@contextmanager
-def phase_timers():
-    """Wall time per phase while the block runs (nested phases count in each)."""
-    seconds: Counter = Counter()
-    calls: Counter = Counter()
-    saved = []
-
-    def timed(owner, name, label):
-        fn = getattr(owner, name)
-        saved.append((owner, name, fn))
-
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                seconds[label] += time.perf_counter() - t0
-                calls[label] += 1
-
-        setattr(owner, name, wrapper)
-
-    for name in PHASES:
-        timed(gen.Batch, name, name)
-    timed(gen, "forward", "forward (graph)")
-    timed(mx, "eval", "mx.eval (sync)")
-    timed(mx, "async_eval", "mx.async_eval")
-    timed(gen.Batch, "_step", "_step (draft steps)")
-    timed(gen.Batch, "_step_plain", "_step_plain")
-    try:
-        yield seconds, calls
-    finally:
-        for owner, name, fn in reversed(saved):
-            setattr(owner, name, fn)
+from core.engine.benchmark import format_phases, load_job, step_phases
 
 
 def main() -> None:
@@ -92,7 +40,7 @@ def main() -> None:
     )
     engine.generate_many(reqs[: args.batch_size])  # warm-up: shapes compiled
     if args.phases:
-        with phase_timers() as (seconds, calls):
+        with step_phases() as (seconds, calls):
             t0 = time.perf_counter()
             out = engine.generate_many(reqs)
             wall = time.perf_counter() - t0
@@ -101,12 +49,7 @@ def main() -> None:
             f"{args.draft} at batch {args.batch_size}: {len(out)} items, {tokens} tokens in "
             f"{wall:.2f} s ({tokens / wall:.1f} tok/s)"
         )
-        print(f"{'phase':24s} {'calls':>7s} {'seconds':>8s} {'share':>6s} {'ms/call':>8s}")
-        for label, sec in seconds.most_common():
-            print(
-                f"{label:24s} {calls[label]:7d} {sec:8.2f} {sec / wall:6.1%} "
-                f"{1000 * sec / calls[label]:8.2f}"
-            )
+        print("\n".join(format_phases(seconds, calls, wall)))
         return
     prof = cProfile.Profile()
     t0 = time.perf_counter()

@@ -31,18 +31,80 @@ import json
 import platform
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 
+from . import generate
 from .generate import Engine
 from .model import LoadedModel
 from .sampling import GenerationParams
 
 GAP_BUG = 0.05
 DEFAULT_JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "grounded-64.jsonl"
+
+
+# The parts of a step that `step_phases` times: Batch methods, the forward's graph building,
+# and the syncs (`mx.eval`; plain steps read their tokens back in `_commit_plain`). On the CPU
+# backend `mx.async_eval` runs the forward's work itself.
+PHASES = (
+    "_admit",
+    "_prefill_plan",
+    "_draft",
+    "_commit",
+    "_commit_prefill",
+    "_commit_plain",
+    "_results",
+)
+
+
+@contextmanager
+def step_phases() -> Iterator[tuple[Counter, Counter]]:
+    """Wall seconds and calls per part of a batch step while the block runs (nested parts
+    count in each; `_step` holds the plain steps' `_step_plain` too)."""
+    seconds: Counter = Counter()
+    calls: Counter = Counter()
+    saved = []
+
+    def timed(owner, name, label):
+        fn = getattr(owner, name)
+        saved.append((owner, name, fn))
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                seconds[label] += time.perf_counter() - t0
+                calls[label] += 1
+
+        setattr(owner, name, wrapper)
+
+    for name in PHASES:
+        timed(generate.Batch, name, name)
+    timed(generate, "forward", "forward (graph)")
+    timed(mx, "eval", "mx.eval (sync)")
+    timed(mx, "async_eval", "mx.async_eval")
+    timed(generate.Batch, "_step", "_step")
+    timed(generate.Batch, "_step_plain", "_step_plain")
+    try:
+        yield seconds, calls
+    finally:
+        for owner, name, fn in reversed(saved):
+            setattr(owner, name, fn)
+
+
+def format_phases(seconds: Counter, calls: Counter, wall: float) -> list[str]:
+    lines = [f"  {'phase':24s} {'calls':>7s} {'seconds':>8s} {'share':>6s} {'ms/call':>8s}"]
+    for label, sec in seconds.most_common():
+        lines.append(
+            f"  {label:24s} {calls[label]:7d} {sec:8.2f} {sec / wall:6.1%} "
+            f"{1000 * sec / calls[label]:8.2f}"
+        )
+    return lines
 
 
 class JobFileError(ValueError):
@@ -69,6 +131,7 @@ class Row:
     accepted: int = 0
     config: str | None = None
     curve: list[float] = field(default_factory=list)  # per item, finish order: accepted length
+    phases: dict | None = None  # with `phases`: {part: [seconds, calls]} of the timed run
 
     @property
     def tokens(self) -> int:
@@ -196,6 +259,7 @@ def run_bench(
     configs: set[str] | None = None,
     also_draft: list[str] = (),
     progress: Callable[[str], None] = lambda s: None,
+    phases: bool = False,
 ) -> dict:
     """Run every configuration on the whole job and return the table as a dict.
 
@@ -228,9 +292,18 @@ def run_bench(
             progress(f"{name}: warm-up pass")
             fn(items[: 2 * bs])
         progress(f"{name}: {len(items)} items")
-        t0 = time.perf_counter()
-        outs, results = fn()
-        row = Row(name, bs, time.perf_counter() - t0, outs)
+        if phases:
+            with step_phases() as (sec, calls):
+                t0 = time.perf_counter()
+                outs, results = fn()
+                wall = time.perf_counter() - t0
+            row = Row(name, bs, wall, outs, phases={k: [v, calls[k]] for k, v in sec.items()})
+            for line in format_phases(sec, calls, wall):
+                progress(line)
+        else:
+            t0 = time.perf_counter()
+            outs, results = fn()
+            row = Row(name, bs, time.perf_counter() - t0, outs)
         for r in results:  # in the order they finished
             s = r.speculative
             if s.get("verify_steps"):
@@ -347,6 +420,7 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
                 "mean_accepted_length": round(r.emitted / r.steps, 3) if r.steps else None,
                 "acceptance_rate": round(r.accepted / r.drafted, 3) if r.drafted else None,
                 **_curve(r.curve),
+                **({"phases": r.phases} if r.phases is not None else {}),
             }
         )
     extra = sorted({t["name"].rsplit("_", 1)[0] + "_" for t in table if "_draft-" in t["name"]})

@@ -123,3 +123,29 @@ def test_bench_cli_json(job, tmp_path, monkeypatch):
             "ratio_vs_mlx_lm",
             "identical_to_mlx_lm",
         } <= set(row)
+
+
+def test_phases_time_the_parts_of_our_steps_and_leave_the_engine_as_it_was(job, monkeypatch):
+    from core.engine import generate
+
+    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
+    target = load_tiny("tiny-random:0")
+    items = load_job(target, job, None)
+    step = generate.Batch._step
+    res = run_bench(
+        target,
+        items,
+        our_batches=[4],
+        configs={"ours_batched", "ours_batched_spec"},
+        reference="ours_single",
+        phases=True,
+    )
+    assert generate.Batch._step is step  # the timers are taken out again
+    batched = [r for r in res["rows"] if r["name"].startswith("ours_batched")]
+    assert len(batched) == 4  # each config's row and its best-of row
+    for r in batched:
+        ph = r["phases"]
+        assert ph["_step"][1] > 0 and 0 < ph["_step"][0] <= r["seconds"]
+        assert ph["_prefill_plan"][1] == ph["_step"][1]  # one plan per step
+    spec = next(r for r in res["rows"] if r["name"] == "ours_batched_spec_4")
+    assert spec["phases"]["_draft"][1] > 0
