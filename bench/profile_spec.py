@@ -39,26 +39,19 @@ def main() -> None:
         target, draft=args.draft, batch_size=args.batch_size, step_modes=not args.always_draft
     )
     engine.generate_many(reqs[: args.batch_size])  # warm-up: shapes compiled
-    if args.phases:
-        with step_phases() as (seconds, calls):
-            t0 = time.perf_counter()
-            out = engine.generate_many(reqs)
-            wall = time.perf_counter() - t0
-        tokens = sum(len(r.tokens) for r in out)
-        print(
-            f"{args.draft} at batch {args.batch_size}: {len(out)} items, {tokens} tokens in "
-            f"{wall:.2f} s ({tokens / wall:.1f} tok/s)"
-        )
-        print("\n".join(format_phases(seconds, calls, wall)))
-        return
-    prof = cProfile.Profile()
-    t0 = time.perf_counter()
-    prof.enable()
-    out = engine.generate_many(reqs)
-    prof.disable()
-    wall = time.perf_counter() - t0
+    prof = None if args.phases else cProfile.Profile()
+    with step_phases() if args.phases else prof as timers:
+        t0 = time.perf_counter()
+        out = engine.generate_many(reqs)
+        wall = time.perf_counter() - t0
     tokens = sum(len(r.tokens) for r in out)
-    print(f"{args.draft} at batch {args.batch_size}: {tokens} tokens in {wall:.2f} s")
+    print(
+        f"{args.draft} at batch {args.batch_size}: {len(out)} items, {tokens} tokens in "
+        f"{wall:.2f} s ({tokens / wall:.1f} tok/s)"
+    )
+    if args.phases:
+        print("\n".join(format_phases(*timers, wall)))
+        return
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats(key).print_stats(25)

@@ -32,7 +32,7 @@ import platform
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,18 +292,15 @@ def run_bench(
             progress(f"{name}: warm-up pass")
             fn(items[: 2 * bs])
         progress(f"{name}: {len(items)} items")
-        if phases:
-            with step_phases() as (sec, calls):
-                t0 = time.perf_counter()
-                outs, results = fn()
-                wall = time.perf_counter() - t0
-            row = Row(name, bs, wall, outs, phases={k: [v, calls[k]] for k, v in sec.items()})
-            for line in format_phases(sec, calls, wall):
-                progress(line)
-        else:
+        with step_phases() if phases else nullcontext() as timers:
             t0 = time.perf_counter()
             outs, results = fn()
             row = Row(name, bs, time.perf_counter() - t0, outs)
+        if timers is not None:
+            sec, calls = timers
+            row.phases = {k: [v, calls[k]] for k, v in sec.items()}
+            for line in format_phases(sec, calls, row.seconds):
+                progress(line)
         for r in results:  # in the order they finished
             s = r.speculative
             if s.get("verify_steps"):
