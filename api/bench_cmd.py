@@ -74,6 +74,14 @@ def _sizes(value: str | None, param: str) -> list[int] | None:
     is_flag=True,
     help="Time each part of our engine's steps in the timed runs (printed, and in the JSON).",
 )
+@click.option(
+    "--repeat",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Time every configuration N times, in rounds that run each once in turn; a row's "
+    "time is its median round, and the speculative rows' ratios are given per round.",
+)
 def bench(
     model,
     input_path,
@@ -89,6 +97,7 @@ def bench(
     as_json,
     output,
     phases,
+    repeat,
 ):
     """Tokens/s of mlx-lm's batch_generate and of our engine on one job, same weights.
 
@@ -140,6 +149,7 @@ def bench(
             also_draft=[d.strip() for d in (also_draft or "").split(",") if d.strip()],
             progress=progress,
             phases=phases,
+            repeat=repeat,
         )
     except ValueError as e:  # a bad drafter spec
         raise click.ClickException(str(e)) from None

@@ -79,11 +79,11 @@ labeling-auto)  # -> h200-labeling-auto-256.json: the same 256 items, ours plain
     --rows ours_batched,ours_batched_spec --draft auto --reference ours_single --reference-items 2 \
     -o "$OUT/h200-labeling-auto-256.json" 2>&1 | tee "$OUT/h200-labeling-auto-256.txt"
   ;;
-labeling1024)  # -> h200-labeling-1024.json: 1024 labeling items at batch 256 (four waves), suffix against ngram and none
+labeling1024)  # -> h200-labeling-1024.json: 1024 labeling items at batch 256 (four waves), suffix against ngram and none, 5 rounds
   python3 examples/make_jobs.py --kind labeling --items 1024 -o "$HOME/labeling-1024.jsonl"
   bench --input "$HOME/labeling-1024.jsonl" --batch-sizes 256 --our-batch-sizes 256 \
     --rows ours_batched,ours_batched_spec --draft suffix --also-draft ngram \
-    --reference ours_single --reference-items 2 --phases \
+    --reference ours_single --reference-items 2 --phases --repeat 5 \
     -o "$OUT/h200-labeling-1024.json" 2>&1 | tee "$OUT/h200-labeling-1024.txt"
   ;;
 phases)  # -> h200-phases-labeling-1024.txt: where a step's wall time goes, suffix / ngram / none at batch 256

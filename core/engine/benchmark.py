@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import platform
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -131,7 +132,9 @@ class Row:
     accepted: int = 0
     config: str | None = None
     curve: list[float] = field(default_factory=list)  # per item, finish order: accepted length
-    phases: dict | None = None  # with `phases`: {part: [seconds, calls]} of the timed run
+    phases: dict | None = None  # with `phases`: {part: [seconds, calls]}, summed over rounds
+    rounds: list[float] = field(default_factory=list)  # seconds of each timed round
+    same_rounds: bool = True  # every round's outputs equal the first's
 
     @property
     def tokens(self) -> int:
@@ -260,11 +263,15 @@ def run_bench(
     also_draft: list[str] = (),
     progress: Callable[[str], None] = lambda s: None,
     phases: bool = False,
+    repeat: int = 1,
 ) -> dict:
     """Run every configuration on the whole job and return the table as a dict.
 
     `reference_items` limits the identity check to the first items (the single-row
-    reference then runs on those only)."""
+    reference then runs on those only). `repeat` times every configuration that many
+    times, in rounds that run each configuration once in turn, so that a drift of the
+    machine's speed meets every configuration alike; a row's time is its median round,
+    and each speculative row's ratio to the others of its batch size is given per round."""
     t_start = time.perf_counter()
     _progress = progress
 
@@ -287,32 +294,55 @@ def run_bench(
     warm_full = mx.default_device() == mx.gpu
     rows: list[Row] = []
 
+    plan: list[tuple[Row, Callable[..., tuple[list[list[int]], list]]]] = []
+
     def timed(name: str, bs: int, fn: Callable[..., tuple[list[list[int]], list]]) -> Row:
+        """A configuration to time: its first round runs now (after its warm-up), the
+        others in `rounds` below, interleaved with the other configurations'."""
+        row = Row(name, bs)
         if warm_full:
             progress(f"{name}: warm-up pass")
             fn(items[: 2 * bs])
-        progress(f"{name}: {len(items)} items")
+        _round(row, fn)
+        rows.append(row)
+        plan.append((row, fn))
+        return row
+
+    def _round(row: Row, fn: Callable[..., tuple[list[list[int]], list]]) -> None:
+        first = not row.rounds
+        progress(
+            f"{row.name}: {len(items)} items" + ("" if first else f", round {len(row.rounds) + 1}")
+        )
         with step_phases() if phases else nullcontext() as timers:
             t0 = time.perf_counter()
             outs, results = fn()
-            row = Row(name, bs, time.perf_counter() - t0, outs)
+            seconds = time.perf_counter() - t0
+        row.rounds.append(seconds)
+        row.seconds = statistics.median(row.rounds)
+        if first:
+            row.outputs = outs
+        elif outs != row.outputs:
+            row.same_rounds = False
         if timers is not None:
             sec, calls = timers
-            row.phases = {k: [v, calls[k]] for k, v in sec.items()}
-            for line in format_phases(sec, calls, row.seconds):
+            merged = row.phases or {}
+            for k, v in sec.items():
+                was = merged.get(k, [0.0, 0])
+                merged[k] = [was[0] + v, was[1] + calls[k]]
+            row.phases = merged
+            for line in format_phases(sec, calls, seconds):
                 progress(line)
-        for r in results:  # in the order they finished
-            s = r.speculative
-            if s.get("verify_steps"):
-                row.curve.append(s["mean_accepted_length"])
-            row.drafters.update(s.get("steps_by_drafter", {}))
-            row.steps += s.get("verify_steps", 0)
-            row.emitted += round(s.get("mean_accepted_length", 0) * s.get("verify_steps", 0))
-            row.drafted += s.get("draft_tokens", 0)
-            row.accepted += s.get("accepted_tokens", 0)
-        rows.append(row)
-        progress(f"{name}: {row.tokens_per_s:.1f} tok/s")
-        return row
+        if first:  # the acceptance figures: the first round's
+            for r in results:  # in the order they finished
+                s = r.speculative
+                if s.get("verify_steps"):
+                    row.curve.append(s["mean_accepted_length"])
+                row.drafters.update(s.get("steps_by_drafter", {}))
+                row.steps += s.get("verify_steps", 0)
+                row.emitted += round(s.get("mean_accepted_length", 0) * s.get("verify_steps", 0))
+                row.drafted += s.get("draft_tokens", 0)
+                row.accepted += s.get("accepted_tokens", 0)
+        progress(f"{row.name}: {row.tokens / seconds:.1f} tok/s")
 
     def ours(spec: str, bs: int):
         engine = Engine(target, draft=spec, surface=surface, batch_size=bs, **kw)
@@ -364,6 +394,9 @@ def run_bench(
         if label in want or label.startswith("ours_batched_draft-"):
             for bs in our_batches:
                 timed(f"{label}_{bs}", bs, ours(spec, bs))
+    for _ in range(repeat - 1):
+        for row, fn in plan:
+            _round(row, fn)
     if ref_outputs is None:
         ref_outputs = next(r.outputs for r in rows if r.name == "ours_single")[: len(ref_items)]
     return summarize(rows, target, items, ref_outputs, reference, surface, drafter)
@@ -418,6 +451,14 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
                 "acceptance_rate": round(r.accepted / r.drafted, 3) if r.drafted else None,
                 **_curve(r.curve),
                 **({"phases": r.phases} if r.phases is not None else {}),
+                **(
+                    {
+                        "rounds_tokens_per_s": [round(r.tokens / x, 3) for x in r.rounds],
+                        "same_output_every_round": r.same_rounds,
+                    }
+                    if len(r.rounds) > 1
+                    else {}
+                ),
             }
         )
     extra = sorted({t["name"].rsplit("_", 1)[0] + "_" for t in table if "_draft-" in t["name"]})
@@ -445,7 +486,37 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
         "reference_items": checked,
         "cost_surface_ms": surface.to_json(),
         "rows": table,
+        **({"round_ratios": _round_ratios(rows)} if any(len(r.rounds) > 1 for r in rows) else {}),
     }
+
+
+def _round_ratios(rows: list[Row]) -> list[dict]:
+    """Per round (the rounds ran them in turn) and the median of those: the speculative
+    row's tokens/s over plain's and over each other drafter's, and each other drafter's over
+    plain's, at each batch size."""
+    out = []
+    plain = {r.batch_size: r for r in rows if r.name == f"ours_batched_{r.batch_size}"}
+    for a in rows:
+        bs = a.batch_size
+        if a.name == f"ours_batched_spec_{bs}":
+            drafts = [r for r in rows if r.name.startswith("ours_batched_draft-")]
+            others = [plain[bs]] if bs in plain else []
+            others += [r for r in drafts if r.batch_size == bs]
+        elif a.name.startswith("ours_batched_draft-"):
+            others = [plain[bs]] if bs in plain else []
+        else:
+            continue
+        for b in others:
+            per = [(a.tokens / x) / (b.tokens / y) for x, y in zip(a.rounds, b.rounds, strict=True)]
+            out.append(
+                {
+                    "name": a.name,
+                    "over": b.name,
+                    "per_round": [round(v, 3) for v in per],
+                    "median": round(statistics.median(per), 3),
+                }
+            )
+    return out
 
 
 def format_table(result: dict) -> str:
@@ -469,6 +540,14 @@ def format_table(result: dict) -> str:
             f"{name:<34}{r['batch_size']:>6}{r['tokens_per_s']:>10.2f}{ratio:>11}"
             f"{r['identical_rows']:>6}/{result['reference_items']:<4}{gap:>9}{mal:>9}  {mix}"
         )
+    for r in result["rows"]:
+        if "rounds_tokens_per_s" in r and "config" not in r:
+            same = "" if r["same_output_every_round"] else "  (outputs differed between rounds!)"
+            per = " ".join(f"{x:.1f}" for x in r["rounds_tokens_per_s"])
+            lines.append(f"  {r['name']:<32} tok/s by round: {per}{same}")
+    for q in result.get("round_ratios", []):
+        per = " ".join(f"{x:.2f}" for x in q["per_round"])
+        lines.append(f"  {q['name']} / {q['over']}: {per}   median {q['median']:.2f}x")
     surf = result["cost_surface_ms"]
     lines.append(
         "verify cost surface (ms; rows = batch size, columns = tokens per row "

@@ -149,3 +149,54 @@ def test_phases_time_the_parts_of_our_steps_and_leave_the_engine_as_it_was(job, 
         assert ph["_prefill_plan"][1] == ph["_step"][1]  # one plan per step
     spec = next(r for r in res["rows"] if r["name"] == "ours_batched_spec_4")
     assert spec["phases"]["_draft"][1] > 0
+
+
+def test_repeat_times_every_configuration_in_rounds_and_gives_the_ratios_per_round(
+    job, monkeypatch
+):
+    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
+    target = load_tiny("tiny-random:0")
+    items = load_job(target, job, None)
+    from core.engine.generate import Engine
+
+    order = []
+    run = Engine.generate_many
+
+    def spy(self, requests, *a, **k):
+        requests = list(requests)
+        if len(requests) == len(items):  # a timed run of the whole job
+            order.append(self.draft_spec)
+        return run(self, requests, *a, **k)
+
+    monkeypatch.setattr("core.engine.generate.Engine.generate_many", spy)
+    res = run_bench(
+        target,
+        items,
+        our_batches=[4],
+        configs={"ours_batched", "ours_batched_spec"},
+        drafter="ngram",
+        also_draft=["suffix"],
+        reference="ours_single",
+        reference_items=2,
+        repeat=3,
+    )
+    # each configuration once per round, in turn (the reference ran on the job's first
+    # items only)
+    assert order == ["none", "ngram", "suffix"] * 3
+    rows = {r["name"]: r for r in res["rows"] if "config" not in r}
+    for name in ("ours_batched_4", "ours_batched_spec_4", "ours_batched_draft-suffix_4"):
+        r = rows[name]
+        assert len(r["rounds_tokens_per_s"]) == 3 and r["same_output_every_round"]
+        per = sorted(r["rounds_tokens_per_s"])
+        assert r["tokens_per_s"] == pytest.approx(per[1], rel=1e-3)  # the median round
+    ratios = {(q["name"], q["over"]): q for q in res["round_ratios"]}
+    assert set(ratios) == {
+        ("ours_batched_spec_4", "ours_batched_4"),
+        ("ours_batched_spec_4", "ours_batched_draft-suffix_4"),
+        ("ours_batched_draft-suffix_4", "ours_batched_4"),
+    }
+    q = ratios[("ours_batched_spec_4", "ours_batched_4")]
+    a, b = rows["ours_batched_spec_4"], rows["ours_batched_4"]
+    want = [x / y for x, y in zip(a["rounds_tokens_per_s"], b["rounds_tokens_per_s"], strict=True)]
+    assert q["per_round"] == pytest.approx(want, rel=1e-2)
+    assert "tok/s by round" in format_table(res) and "median" in format_table(res)
