@@ -12,6 +12,7 @@ from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
 from core.engine.drafters import suffix
 from core.engine.drafters.suffix import (
     KEY,
+    MAX_MATCH,
     PROMPT_WEIGHT,
     START,
     Corpora,
@@ -385,3 +386,54 @@ def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
     assert propose(k=8) == 've"}' and len(walks) == 3  # all there is: that walk ended at an end
     seq.output += target.encode_text('ve"}')
     assert propose(k=8) == "" and len(walks) == 4  # nothing left of it: walked again
+
+
+def test_rows_that_ask_alike_in_one_step_share_one_walk(monkeypatch):
+    """Rows whose queries end alike (the walk reads the last MAX_MATCH characters) at the same
+    length get one walk in a step, and each the proposal its own walk would give; a row
+    that asks otherwise is walked for itself, and the next step walks again."""
+    target = SimpleNamespace(
+        decode=lambda ids: "".join(map(chr, ids)), encode_text=lambda t: [ord(c) for c in t]
+    )
+
+    def drafter():
+        d = SuffixDrafter(SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora())))
+        for a in ('{"label": "positive", "city": "Rome"}', '{"label": "negative", "city": "Oslo"}'):
+            d.corpora.get("job").add(a)
+        return d
+
+    walks = []
+    walk = SuffixIndex.walk
+    monkeypatch.setattr(SuffixIndex, "walk", lambda self, q, n: walks.append(q) or walk(self, q, n))
+    far = "x" * MAX_MATCH  # rows 2 and 3 differ only further back than a walk reads
+    texts = ['{"label": "pos'] * 2 + [c + far + '{"label": "pos' for c in "yz"]
+    texts.append('{"label": "neg')
+
+    def rows(d):
+        out = []
+        for i, t in enumerate(texts):
+            s = Sequence(prompt=[1], params=GenerationParams(), max_tokens=200, seed=i)
+            s.corpus, s.output = "job", target.encode_text(t)
+            d.admit(s)
+            out.append(s)
+        return out
+
+    together = drafter()
+    seqs = rows(together)
+    draft = together.propose(seqs, [6] * len(seqs))
+    assert len(walks) == 3  # rows 0 and 1 share one, rows 2 and 3 another
+    got = [target.decode(draft.host_tokens(i)) for i in range(len(seqs))]
+    assert got == ['itive"'] * 4 + ['ative"']
+    alone = []
+    for i in range(len(texts)):  # each row proposed on its own, in a drafter of its own
+        d = drafter()
+        s = rows(d)[i]
+        alone.append(target.decode(d.propose([s], [6]).host_tokens(0)))
+    assert alone == got
+    ch = draft.chances
+    assert ch[0] == ch[1] and ch[2] == ch[3] and all(0 < c <= 1 for c in ch[0] + ch[2])
+    walks.clear()
+    for s in seqs:
+        s.output += target.encode_text("x")  # not what any walk said: every row walks again
+    together.propose(seqs, [6] * len(seqs))
+    assert len(walks) == 3

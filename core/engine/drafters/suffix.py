@@ -260,7 +260,8 @@ class SuffixIndex:
         Returns the text, per character its weighted share among the candidates still on the
         path, the number of those candidates that are answers (0: prompts only), and
         whether the walk ended at an end (the answers on its path end there; not at the
-        length asked, nor at text not written yet).
+        length asked, nor at text not written yet). It reads the query's last `MAX_MATCH`
+        characters only.
         """
         q = np.frombuffer(query[-MAX_MATCH:].encode("utf-32-le"), np.uint32)
         pos = self._index.get(query[-KEY:])
@@ -489,19 +490,20 @@ class SuffixDrafter:
             row.index.extend(row.live, head)
             heads.append((head, tail))
         rates = self.calibration.rates()
+        walks: dict = {}  # this step's walks: rows at one point of the template ask alike
         for s, k, (head, tail) in zip(seqs, ks, heads, strict=True):
-            toks, ch = self._propose(s, k, head, tail, rates) if k > 0 else ([], [])
+            toks, ch = self._propose(s, k, head, tail, rates, walks) if k > 0 else ([], [])
             sizes.append(len(toks))
             tokens.append(toks)
             chances.append(ch)
         return Draft(sizes=sizes, tokens=tokens, chances=chances, source=self.name)
 
     def _propose(
-        self, s, k: int, head: str, tail: list[int], rates: list[list[float]]
+        self, s, k: int, head: str, tail: list[int], rates: list[list[float]], walks: dict
     ) -> tuple[list[int], list[float]]:
         row: _Row = s.state[self.name]
         if not row.kept(s.output, k):  # else the last walk still holds: no new one
-            self._walk_row(row, s.output, k + AHEAD, head, tail)
+            self._walk_row(row, s.output, k + AHEAD, head, tail, walks)
         ids, buckets = row.ahead[:k], row.buckets[:k]
         chances, p = [], 1.0
         for b, c in buckets:
@@ -511,13 +513,20 @@ class SuffixDrafter:
             self._buckets[s.uid] = buckets
         return ids, chances
 
-    def _walk_row(self, row: _Row, output: list[int], k: int, head: str, tail: list[int]):
-        """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`."""
+    def _walk_row(
+        self, row: _Row, output: list[int], k: int, head: str, tail: list[int], walks: dict
+    ):
+        """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`.
+        `walks` holds this step's walks by what a walk reads of its query (the index does
+        not change between them)."""
         row.ahead, row.buckets, row.at, row.whole = [], [], len(output), False
         # The pending token is part of the answer so far; the tail checks the boundary.
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
-        cont, shares, support, row.whole = row.index.walk(query, CHARS_PER_TOKEN * k + 1)
+        key = (id(row.index), query[-MAX_MATCH:], CHARS_PER_TOKEN * k + 1)
+        if key not in walks:
+            walks[key] = row.index.walk(query, key[2])
+        cont, shares, support, row.whole = walks[key]
         if not cont:
             return
         ids = self.target.encode_text(tail_text + cont)
