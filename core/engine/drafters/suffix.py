@@ -410,6 +410,12 @@ class Calibration:
     def bucket(self, share: float, support: int) -> tuple[int, int]:
         return min(int(share * 10), 9), bisect.bisect_right(self.SUPPORT, support)
 
+    def buckets(self, shares: np.ndarray, supports: np.ndarray) -> list[tuple[int, int]]:
+        """`bucket` of each (share, support)."""
+        b0 = np.minimum((np.asarray(shares) * 10).astype(np.int64), 9)
+        b1 = np.searchsorted(self.SUPPORT, supports, side="right")
+        return list(zip(b0.tolist(), b1.tolist(), strict=True))
+
     def rate(self, share: float, support: int) -> float:
         b0, b1 = self.bucket(share, support)
         return self.rates()[b0][b1]
@@ -517,18 +523,26 @@ class SuffixDrafter:
         self, row: _Row, output: list[int], k: int, head: str, tail: list[int], walks: dict
     ):
         """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`.
-        `walks` holds this step's walks by what a walk reads of its query (the index does
-        not change between them)."""
-        row.ahead, row.buckets, row.at, row.whole = [], [], len(output), False
+        `walks` holds this step's walks and their tokens by what they read of the row: the
+        query's last `MAX_MATCH` characters and its last tokens (the index does not change
+        between a step's walks, and rows at one point of a template ask alike)."""
         # The pending token is part of the answer so far; the tail checks the boundary.
         tail_text = self.target.decode(tail)
         query = START * KEY + head + tail_text
-        key = (id(row.index), query[-MAX_MATCH:], CHARS_PER_TOKEN * k + 1)
-        if key not in walks:
-            walks[key] = row.index.walk(query, key[2])
-        cont, shares, support, row.whole = walks[key]
+        n_chars = CHARS_PER_TOKEN * k + 1
+        key = (id(row.index), query[-MAX_MATCH:], n_chars, tuple(tail))
+        got = walks.get(key)
+        if got is None:
+            got = walks[key] = self._tokens(row.index.walk(query, n_chars), tail, tail_text, k)
+        ids, buckets, whole = got
+        row.ahead, row.buckets, row.at, row.whole = list(ids), list(buckets), len(output), whole
+
+    def _tokens(self, walked, tail: list[int], tail_text: str, k: int):
+        """A walk's continuation as up to `k` tokens after the row's `tail`, each with its
+        calibration bucket, and whether the walk ended at an end."""
+        cont, shares, support, whole = walked
         if not cont:
-            return
+            return [], [], whole
         ids = self.target.encode_text(tail_text + cont)
         if ids[: len(tail)] == tail:
             ids = ids[len(tail) :]
@@ -537,18 +551,26 @@ class SuffixDrafter:
         if len(cont) > CHARS_PER_TOKEN * k:
             ids = ids[:-1]  # the walk stopped at the length asked: the last token may be cut
         ids = ids[:k]
-        at = 0
+        if not ids:
+            return [], [], whole
+        # A token is accepted if the walk's choice held for each of its characters: its
+        # share is the product of theirs, its support that of its last (a token past the
+        # walked characters takes the last character's).
+        chars = self._chars_of
         for t in ids:
-            # A token is accepted if the walk's choice held for each of its characters.
-            n = self._chars_of.get(t)
-            if n is None:
-                n = self._chars_of[t] = max(1, len(self.target.decode([t])))
-            span = range(at, min(at + n, len(shares)))
-            share = math.prod(shares[c] for c in span) if span else shares[-1]
-            sup = support[span[-1]] if span else support[-1]
-            at += n
-            row.buckets.append(self.calibration.bucket(share, sup))
-        row.ahead = ids
+            if t not in chars:
+                chars[t] = max(1, len(self.target.decode([t])))
+        m = len(shares)
+        ends = np.cumsum([chars[t] for t in ids])
+        starts = ends - [chars[t] for t in ids]
+        inside = int(np.searchsorted(starts, m))  # tokens that begin within the walk
+        share = np.full(len(ids), shares[-1])
+        sup = np.full(len(ids), support[-1])
+        if inside:
+            within = np.asarray(shares[: min(int(ends[inside - 1]), m)])
+            share[:inside] = np.multiply.reduceat(within, starts[:inside])
+            sup[:inside] = np.asarray(support)[np.minimum(ends[:inside], m) - 1]
+        return ids, self.calibration.buckets(share, sup), whole
 
     def commit(self, seqs, draft: Draft, paths) -> None:
         for s, size, path in zip(seqs, draft.sizes, paths, strict=True):
