@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.nn as nn
+import tokenizers
 
 PIECES = 1 << 16  # short texts and token runs whose codings are remembered (per model)
 PIECE_TOKENS, PIECE_CHARS = 8, 256  # what counts as short
@@ -60,7 +62,7 @@ class LoadedModel:
         # Drafters decode a row's last tokens and re-tokenize short continuations every step,
         # and a job's rows repeat the same pieces (keys, labels): remembered, per model.
         self._decode_piece = functools.lru_cache(PIECES)(self._decode)
-        self._encode_piece = functools.lru_cache(PIECES)(self._encode)
+        self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # short texts' ids
 
     def decode(self, tokens: list[int]) -> str:
         if len(tokens) <= PIECE_TOKENS:
@@ -69,9 +71,35 @@ class LoadedModel:
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a piece of text, nothing added (special-token strings map to their ids)."""
-        if len(text) <= PIECE_CHARS:
-            return list(self._encode_piece(text))
-        return list(self._encode(text))
+        return self.encode_texts([text])[0]
+
+    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """`encode_text` of each text; those not remembered are tokenized in one batch (the
+        fast tokenizer's `encode_batch`, which runs them in parallel)."""
+        out: list[list[int] | None] = [None] * len(texts)
+        missing: dict[str, list[int]] = {}
+        for i, text in enumerate(texts):
+            ids = self._pieces.get(text) if len(text) <= PIECE_CHARS else None
+            if ids is None:
+                missing.setdefault(text, []).append(i)
+            else:
+                self._pieces.move_to_end(text)
+                out[i] = list(ids)
+        if missing:
+            for text, ids in zip(missing, self._encode_many(list(missing)), strict=True):
+                for i in missing[text]:
+                    out[i] = list(ids)
+                if len(text) <= PIECE_CHARS:
+                    self._pieces[text] = tuple(ids)
+            while len(self._pieces) > PIECES:
+                self._pieces.popitem(last=False)
+        return out  # type: ignore[return-value]
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        backend = getattr(getattr(self.tokenizer, "_tokenizer", None), "_tokenizer", None)
+        if isinstance(backend, tokenizers.Tokenizer) and len(texts) > 1:
+            return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return [list(self._encode(t)) for t in texts]
 
     def _decode(self, tokens) -> str:
         return self.tokenizer.decode(list(tokens))

@@ -141,3 +141,15 @@ def test_short_pieces_are_coded_as_the_tokenizer_does_and_callers_get_their_own_
         ids.append(0)  # a caller's list is its own
         assert t.encode_text(text) == ids[:-1]
         assert t.decode(ids[:-1]) == t.tokenizer.decode(ids[:-1])
+
+
+def test_texts_coded_in_one_batch_are_coded_as_one_by_one(make_tiny):
+    """`encode_texts` (the drafters' batch: remembered pieces, repeats, long texts and
+    special-token strings among them) gives each text's own tokenization."""
+    t = make_tiny(0)
+    texts = ['", "label": "', "x" * 300, '", "label": "', "<|im_end|>\nok", "", " a b  c"]
+    t.encode_text(texts[0])  # one remembered before
+    got = t.encode_texts(texts)
+    assert got == [list(t.tokenizer.encode(x, add_special_tokens=False)) for x in texts]
+    got[0].append(0)  # every caller's list is its own, repeats too
+    assert got[2] != got[0] and t.encode_text(texts[0]) == got[2]

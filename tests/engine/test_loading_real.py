@@ -135,3 +135,10 @@ def test_chat_template_renders_smollm2_chatml(smol):
     )
     assert ids[0] == 1  # <|im_start|> is one special token
     assert smol.eos_token_ids == {0, 2}  # <|endoftext|>, <|im_end|>
+
+
+def test_texts_coded_in_one_batch_are_coded_as_one_by_one(smol):
+    texts = ['{"category": "billing", "urgency": "high"}', " Noah", "<|im_end|>", "é l'été\n\n"]
+    assert smol.encode_texts(texts * 2) == [
+        list(smol.tokenizer.encode(x, add_special_tokens=False)) for x in texts * 2
+    ]

@@ -267,6 +267,7 @@ def test_matches_on_characters_across_tokenizations():
     target = SimpleNamespace(
         decode=lambda ids: tok.decode(ids),
         encode_text=lambda t: list(tok.encode(t, add_special_tokens=False)),
+        encode_texts=lambda ts: [list(tok.encode(t, add_special_tokens=False)) for t in ts],
     )
     drafter = SuffixDrafter(
         SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora()))
@@ -354,7 +355,9 @@ def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
     the rest is proposed without a new walk. A row that goes elsewhere, or that used up what
     was walked, is walked again."""
     target = SimpleNamespace(
-        decode=lambda ids: "".join(map(chr, ids)), encode_text=lambda t: [ord(c) for c in t]
+        decode=lambda ids: "".join(map(chr, ids)),
+        encode_text=lambda t: [ord(c) for c in t],
+        encode_texts=lambda ts: [[ord(c) for c in t] for t in ts],
     )
     drafter = SuffixDrafter(
         SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora()))
@@ -393,7 +396,9 @@ def test_rows_that_ask_alike_in_one_step_share_one_walk(monkeypatch):
     length get one walk in a step, and each the proposal its own walk would give; a row
     that asks otherwise is walked for itself, and the next step walks again."""
     target = SimpleNamespace(
-        decode=lambda ids: "".join(map(chr, ids)), encode_text=lambda t: [ord(c) for c in t]
+        decode=lambda ids: "".join(map(chr, ids)),
+        encode_text=lambda t: [ord(c) for c in t],
+        encode_texts=lambda ts: [[ord(c) for c in t] for t in ts],
     )
 
     def drafter():

@@ -495,21 +495,47 @@ class SuffixDrafter:
             head = row.text.of(s.output[: len(s.output) - len(tail)])
             row.index.extend(row.live, head)
             heads.append((head, tail))
-        rates = self.calibration.rates()
-        walks: dict = {}  # this step's walks: rows at one point of the template ask alike
+        # Rows that went on as their last walk said keep it; the others walk afresh. A
+        # step's walks are shared by what they read of a row (its query's last `MAX_MATCH`
+        # characters, its last tokens and the length asked): the index does not change
+        # between them, and rows at one point of a template ask alike. Their continuations
+        # are tokenized together.
+        walks: dict = {}  # key -> (walk, tail, tail_text, k), then (ids, buckets, whole)
+        walked: list[tuple[_Row, int, tuple]] = []
         for s, k, (head, tail) in zip(seqs, ks, heads, strict=True):
-            toks, ch = self._propose(s, k, head, tail, rates, walks) if k > 0 else ([], [])
-            sizes.append(len(toks))
-            tokens.append(toks)
+            row: _Row = s.state[self.name]
+            if k <= 0 or row.kept(s.output, k):
+                continue
+            tail_text = self.target.decode(tail)
+            query = START * KEY + head + tail_text
+            n_chars = CHARS_PER_TOKEN * (k + AHEAD) + 1
+            key = (id(row.index), query[-MAX_MATCH:], n_chars, tuple(tail))
+            if key not in walks:
+                walks[key] = (row.index.walk(query, n_chars), tail, tail_text, k + AHEAD)
+            walked.append((row, len(s.output), key))
+        todo = []
+        for key, (w, tail, tail_text, k) in walks.items():
+            if w[0]:
+                todo.append((key, w, tail, tail_text, k))
+            else:  # nothing walked
+                walks[key] = ([], [], w[3])
+        texts = self.target.encode_texts([tail_text + w[0] for _, w, _, tail_text, _ in todo])
+        for (key, w, tail, _, k), ids in zip(todo, texts, strict=True):
+            walks[key] = self._tokens(w, tail, ids, k)
+        for row, n, key in walked:
+            ids, buckets, whole = walks[key]
+            row.ahead, row.buckets, row.at, row.whole = list(ids), list(buckets), n, whole
+        rates = self.calibration.rates()
+        for s, k in zip(seqs, ks, strict=True):
+            ids, ch = self._proposal(s, k, rates) if k > 0 else ([], [])
+            sizes.append(len(ids))
+            tokens.append(ids)
             chances.append(ch)
         return Draft(sizes=sizes, tokens=tokens, chances=chances, source=self.name)
 
-    def _propose(
-        self, s, k: int, head: str, tail: list[int], rates: list[list[float]], walks: dict
-    ) -> tuple[list[int], list[float]]:
+    def _proposal(self, s, k: int, rates: list[list[float]]) -> tuple[list[int], list[float]]:
+        """The first `k` tokens of the row's continuation, with their chances."""
         row: _Row = s.state[self.name]
-        if not row.kept(s.output, k):  # else the last walk still holds: no new one
-            self._walk_row(row, s.output, k + AHEAD, head, tail, walks)
         ids, buckets = row.ahead[:k], row.buckets[:k]
         chances, p = [], 1.0
         for b, c in buckets:
@@ -519,31 +545,11 @@ class SuffixDrafter:
             self._buckets[s.uid] = buckets
         return ids, chances
 
-    def _walk_row(
-        self, row: _Row, output: list[int], k: int, head: str, tail: list[int], walks: dict
-    ):
-        """A fresh walk from the row's answer so far, for up to `k` tokens: kept in `row`.
-        `walks` holds this step's walks and their tokens by what they read of the row: the
-        query's last `MAX_MATCH` characters and its last tokens (the index does not change
-        between a step's walks, and rows at one point of a template ask alike)."""
-        # The pending token is part of the answer so far; the tail checks the boundary.
-        tail_text = self.target.decode(tail)
-        query = START * KEY + head + tail_text
-        n_chars = CHARS_PER_TOKEN * k + 1
-        key = (id(row.index), query[-MAX_MATCH:], n_chars, tuple(tail))
-        got = walks.get(key)
-        if got is None:
-            got = walks[key] = self._tokens(row.index.walk(query, n_chars), tail, tail_text, k)
-        ids, buckets, whole = got
-        row.ahead, row.buckets, row.at, row.whole = list(ids), list(buckets), len(output), whole
-
-    def _tokens(self, walked, tail: list[int], tail_text: str, k: int):
-        """A walk's continuation as up to `k` tokens after the row's `tail`, each with its
+    def _tokens(self, walked, tail: list[int], ids: list[int], k: int):
+        """A walk's continuation as up to `k` tokens after the row's `tail` (`ids`: the
+        tokens of the tail's text and the continuation together), each with its
         calibration bucket, and whether the walk ended at an end."""
         cont, shares, support, whole = walked
-        if not cont:
-            return [], [], whole
-        ids = self.target.encode_text(tail_text + cont)
         if ids[: len(tail)] == tail:
             ids = ids[len(tail) :]
         else:  # the row split its last word otherwise (`lab` + `el`): the rest's own tokens
