@@ -9,6 +9,7 @@ import click
 from api.bench_cmd import bench
 from api.blas import reexec_with_openblas
 from api.calibrate_cmd import calibrate_cmd
+from api.costs_cmd import costs_cmd
 from api.keys_cmds import keys_group
 from api.models_cmds import models
 from api.report_cmd import report_cmd
@@ -38,6 +39,7 @@ for _command in (
     run_cmd,
     bench,
     calibrate_cmd,
+    costs_cmd,
     models,
     *SERVICE_COMMANDS,
     serve_cmd,

@@ -40,6 +40,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from . import generate
+from .costs import format_surface
 from .generate import Engine
 from .model import LoadedModel
 from .sampling import GenerationParams
@@ -550,14 +551,7 @@ def format_table(result: dict) -> str:
     for q in result.get("round_ratios", []):
         per = " ".join(f"{x:.2f}" for x in q["per_round"])
         lines.append(f"  {q['name']} / {q['over']}: {per}   median {q['median']:.2f}x")
-    surf = result["cost_surface_ms"]
-    lines.append(
-        "verify cost surface (ms; rows = batch size, columns = tokens per row "
-        + "/".join(map(str, surf["widths"]))
-        + "):"
-    )
-    for b, ms in zip(surf["batches"], surf["ms"], strict=True):
-        lines.append(f"  {b:>4}: " + " ".join(f"{m:8.1f}" for m in ms))
+    lines += format_surface(result["cost_surface_ms"])
     curves = [r for r in result["rows"] if r.get("accepted_length_curve") and "config" not in r]
     if curves:
         lines.append("mean accepted length by position in the job (finish order, eighths):")

@@ -201,17 +201,38 @@ def _maps() -> str:
         return ""
 
 
-def load_or_measure(
+def format_surface(surf: dict) -> list[str]:
+    """A surface's JSON (`CostSurface.to_json`) as lines of milliseconds."""
+    lines = [
+        "verify cost surface (ms; rows = batch size, columns = tokens per row "
+        + "/".join(map(str, surf["widths"]))
+        + "):"
+    ]
+    for b, ms in zip(surf["batches"], surf["ms"], strict=True):
+        lines.append(f"  {b:>4}: " + " ".join(f"{m:8.1f}" for m in ms))
+    return lines
+
+
+def surface_path(model: nn.Module, weight_format: str) -> Path:
+    """Where this machine's surface for this model shape and weight format is kept."""
+    return data_dir() / "costs" / f"{machine_key(model, weight_format)}.json"
+
+
+def load_kept(model: nn.Module, weight_format: str) -> CostSurface | None:
+    """The kept surface, or None when there is none (or it is damaged)."""
+    try:
+        return CostSurface.from_json(json.loads(surface_path(model, weight_format).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def measure_and_keep(
     model: nn.Module, model_name: str, weight_format: str, progress=lambda s: None
 ) -> CostSurface:
-    """The surface kept for this machine and model, measured (and kept) when missing."""
-    path = data_dir() / "costs" / f"{machine_key(model, weight_format)}.json"
-    try:
-        return CostSurface.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    """Measure the surface now and keep it (replacing any kept one)."""
     on_gpu = mx.default_device() == mx.gpu
     surface = measure_surface(model, GPU_BATCHES if on_gpu else BATCHES, progress=progress)
+    path = surface_path(model, weight_format)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -220,3 +241,13 @@ def load_or_measure(
     except OSError:
         pass  # a read-only data directory: measured again next time
     return surface
+
+
+def load_or_measure(
+    model: nn.Module, model_name: str, weight_format: str, progress=lambda s: None
+) -> CostSurface:
+    """The surface kept for this machine and model, measured (and kept) when missing."""
+    kept = load_kept(model, weight_format)
+    if kept is not None:
+        return kept
+    return measure_and_keep(model, model_name, weight_format, progress)

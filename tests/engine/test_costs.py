@@ -65,3 +65,31 @@ def test_a_damaged_copy_is_measured_again(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setattr("core.engine.costs.measure_surface", lambda *a, **kw: S)
     assert load_or_measure(model, "a", "float32") == S
     assert json.loads(path.read_text())["batches"] == [1, 4, 16]
+
+
+def test_costs_command_shows_the_kept_surface_and_measures_it_again(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from api.cli import cli
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    calls = []
+
+    def fake(m, *a, **kw):
+        calls.append(m)
+        return S
+
+    monkeypatch.setattr("core.engine.costs.measure_surface", fake)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["costs", "--model", "tiny-random:0"])
+    assert res.exit_code == 0 and "no surface kept" in res.output and not calls
+    res = runner.invoke(cli, ["costs", "--model", "tiny-random:0", "--measure"])
+    assert res.exit_code == 0 and len(calls) == 1, res.output
+    (kept,) = (tmp_path / "costs").iterdir()
+    assert str(kept) in res.output
+    rows = [line for line in res.output.splitlines() if line.strip()[:1].isdigit()]
+    assert [float(x) for x in rows[0].split(":")[1].split()] == list(S.ms[0])
+    res = runner.invoke(cli, ["costs", "--model", "tiny-random:0"])  # shown, not measured
+    assert res.exit_code == 0 and len(calls) == 1 and str(kept) in res.output
+    res = runner.invoke(cli, ["costs", "--model", "no-such-model"])
+    assert res.exit_code == 1 and "Traceback" not in res.output and "Error" in res.output
