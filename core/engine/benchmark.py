@@ -498,15 +498,13 @@ def _round_ratios(rows: list[Row]) -> list[dict]:
     plain's, at each batch size."""
     out = []
     plain = {r.batch_size: r for r in rows if r.name == f"ours_batched_{r.batch_size}"}
+    drafts = [r for r in rows if r.name.startswith("ours_batched_draft-")]
     for a in rows:
         bs = a.batch_size
+        others = [plain[bs]] if bs in plain else []
         if a.name == f"ours_batched_spec_{bs}":
-            drafts = [r for r in rows if r.name.startswith("ours_batched_draft-")]
-            others = [plain[bs]] if bs in plain else []
             others += [r for r in drafts if r.batch_size == bs]
-        elif a.name.startswith("ours_batched_draft-"):
-            others = [plain[bs]] if bs in plain else []
-        else:
+        elif a not in drafts:
             continue
         for b in others:
             per = [(a.tokens / x) / (b.tokens / y) for x, y in zip(a.rounds, b.rounds, strict=True)]

@@ -28,7 +28,6 @@ measured acceptance per (share, support) bucket.
 
 from __future__ import annotations
 
-import bisect
 import math
 from array import array
 from collections import OrderedDict
@@ -408,10 +407,10 @@ class Calibration:
         self.hits += weight * centers[:, None] * trust[None, :]
 
     def bucket(self, share: float, support: int) -> tuple[int, int]:
-        return min(int(share * 10), 9), bisect.bisect_right(self.SUPPORT, support)
+        return self.buckets([share], [support])[0]
 
-    def buckets(self, shares: np.ndarray, supports: np.ndarray) -> list[tuple[int, int]]:
-        """`bucket` of each (share, support)."""
+    def buckets(self, shares, supports) -> list[tuple[int, int]]:
+        """The (share bin, support bin) of each (share, support)."""
         b0 = np.minimum((np.asarray(shares) * 10).astype(np.int64), 9)
         b1 = np.searchsorted(self.SUPPORT, supports, side="right")
         return list(zip(b0.tolist(), b1.tolist(), strict=True))
