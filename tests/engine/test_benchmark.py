@@ -31,10 +31,16 @@ def job(tmp_path):
     return path
 
 
-def test_bench_rows_on_a_job_file(job, monkeypatch):
+@pytest.fixture
+def tiny_job(job, monkeypatch):
+    """The tiny model and the job's items, with a flat cost surface (nothing measured)."""
     monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
     target = load_tiny("tiny-random:0")
-    items = load_job(target, job, None)
+    return target, load_job(target, job, None)
+
+
+def test_bench_rows_on_a_job_file(tiny_job):
+    target, items = tiny_job
     assert [it.max_tokens for it in items] == [10, 11, 12, 13, 14]
     res = run_bench(target, items, mlx_lm_batches=[2, 4], our_batches=[2, 4], also_draft=["suffix"])
     rows = {r["name"]: r for r in res["rows"]}
@@ -125,12 +131,10 @@ def test_bench_cli_json(job, tmp_path, monkeypatch):
         } <= set(row)
 
 
-def test_phases_time_the_parts_of_our_steps_and_leave_the_engine_as_it_was(job, monkeypatch):
+def test_phases_time_the_parts_of_our_steps_and_leave_the_engine_as_it_was(tiny_job):
     from core.engine import generate
 
-    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
-    target = load_tiny("tiny-random:0")
-    items = load_job(target, job, None)
+    target, items = tiny_job
     step = generate.Batch._step
     res = run_bench(
         target,
@@ -152,11 +156,9 @@ def test_phases_time_the_parts_of_our_steps_and_leave_the_engine_as_it_was(job, 
 
 
 def test_repeat_times_every_configuration_in_rounds_and_gives_the_ratios_per_round(
-    job, monkeypatch
+    tiny_job, monkeypatch
 ):
-    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
-    target = load_tiny("tiny-random:0")
-    items = load_job(target, job, None)
+    target, items = tiny_job
     from core.engine.generate import Engine
 
     order = []
