@@ -7,6 +7,8 @@ import pytest
 from core.engine import CostSurface, Engine, GenerationParams, load_model
 from core.engine.adapters import TrainConfig, answer, evaluate, features, new_adapter, save, train
 from core.engine.adapters.block import target_size
+from core.engine.adapters.head import new_head
+from core.engine.adapters.head import size as head_size
 
 pytestmark = pytest.mark.real_model
 
@@ -28,6 +30,7 @@ def smollm2():
 def test_adapter_is_within_five_percent_of_the_target(smollm2):
     for layer in (4, 8, 29):
         assert new_adapter(smollm2.model, layer).size() <= 0.05 * target_size(smollm2.model)
+    assert head_size(new_head(smollm2.model)) <= 0.05 * target_size(smollm2.model)
 
 
 def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):

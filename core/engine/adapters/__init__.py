@@ -6,6 +6,8 @@
 - `data.py`: the target's answers to a workload's prompts and their frozen features;
 - `training.py`: KL(full || draft) training and held-out agreement;
 - `store.py`: safetensors files under `APPLESPEC_HOME/adapters/`, validated on load.
+- `head.py`: the EAGLE-style feature head over the target's last hidden states, trained
+  and measured offline (not a drafter yet).
 
 The drafter that uses them is `drafters/adapter.py` (`--draft adapter:L`, `--draft adapter`).
 """

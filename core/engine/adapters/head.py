@@ -1,0 +1,239 @@
+"""The feature head: an EAGLE-style self-drafter over the target's own last hidden states.
+
+After a verify step the target has computed, at a row's last accepted position p, its last
+layer's hidden state h_p (whose head gives the next token x_{p+1}). The head drafts the
+token after that without running any target layer: it fuses the target's normalized h_p
+with the embedding of x_{p+1} (one linear map from 2D to D), runs one decoder block of the
+target's family over the fused sequence (causal: a position attends over the earlier ones
+of the same answer) and predicts h_{p+1}; the target's frozen final norm and head turn that
+into the distribution of x_{p+2}. Drafting deeper feeds the predicted state back in
+(EAGLE's chain). The target stays frozen, so verification and output are untouched.
+
+Trained like the early-exit adapter (`training.py`): KL(full || draft) against the target's
+own next-token distribution at the answer positions, from the features `data.py` keeps
+(the last layer's hidden states at every answer position) and the answer tokens.
+
+Measured here: teacher-forced top-1 agreement (the first draft token after a verify step,
+where the head reads the target's true state) and the second token's (the head reads its
+own prediction of the state, the token being the one the target chose).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ..scorer import head
+from .data import Example, Features
+
+KIND = "feature-head"
+
+
+class FeatureHead(nn.Module):
+    """fc([norm(h_p); embed(x_{p+1})]) -> one decoder block -> predicted h_{p+1}.
+
+    The block starts as a copy of the target's last layer and the fusion as the identity on
+    the state (the embedding's half at zero), so the untrained head drafts what one more
+    pass of the last layer over h_p gives.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        layers = model.model.layers
+        src = layers[-1]
+        if any(hasattr(m, "scales") for _, m in src.named_modules()):
+            raise ValueError("a feature head is trained over float weights, not quantized ones")
+        D = model.model.embed_tokens.weight.shape[1]
+        self.fc = nn.Linear(2 * D, D, bias=False)
+        self.fc.weight = mx.concatenate([mx.eye(D), mx.zeros((D, D))], axis=1)
+        self.block = type(src)(model.args)
+        self.block.update(src.parameters())
+
+    def __call__(self, model: nn.Module, h: mx.array, tokens: mx.array, mask=None) -> mx.array:
+        """(B, T, D) target states at p and (B, T) tokens x_{p+1} -> (B, T, D) predicted
+        states at p + 1."""
+        e = model.model.embed_tokens(tokens)
+        x = self.fc(mx.concatenate([model.model.norm(h), e], axis=-1))
+        return self.block(x, mask)
+
+
+def new_head(model: nn.Module) -> FeatureHead:
+    head_ = FeatureHead(model)
+    mx.eval(head_.parameters())
+    return head_
+
+
+def size(head_: FeatureHead) -> int:
+    """Trained parameters."""
+    return sum(v.size for _, v in tree_flatten(head_.trainable_parameters()))
+
+
+@dataclass
+class HeadExample:
+    """One answer as the head sees it: the target's states at p, the tokens x_{p+1} and the
+    states at p + 1 (the teacher), for every answer position but the last."""
+
+    h: mx.array  # (N, D)
+    tokens: mx.array  # (N,)
+    teacher: mx.array  # (N, D)
+
+    @property
+    def n(self) -> int:
+        return self.h.shape[0]
+
+
+def head_examples(examples: list[Example], feats: list[Features]) -> list[HeadExample]:
+    """Pairs for the head from the examples and their features (answers of 2+ positions)."""
+    out = []
+    for e, f in zip(examples, feats, strict=True):
+        n = f.n - 1
+        if n < 1:
+            continue
+        toks = mx.array(e.tokens[f.start + 1 : f.start + 1 + n], dtype=mx.int32)
+        out.append(HeadExample(f.final[:n], toks, f.final[1 : n + 1]))
+    return out
+
+
+def _batch(exs: list[HeadExample]) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Right-padded (B, T, D) states, (B, T) tokens, the (M, D) teacher states and the (M,)
+    flat indices of the real positions in (B * T)."""
+    T = max(x.n for x in exs)
+    D = exs[0].h.shape[1]
+    hs, ts, flat = [], [], []
+    for r, x in enumerate(exs):
+        pad = T - x.n
+        hs.append(mx.concatenate([x.h, mx.zeros((pad, D), x.h.dtype)]) if pad else x.h)
+        ts.append(mx.concatenate([x.tokens, mx.zeros((pad,), mx.int32)]) if pad else x.tokens)
+        flat.append(r * T + np.arange(x.n))
+    teacher = mx.concatenate([x.teacher for x in exs])
+    idx = mx.array(np.concatenate(flat).astype(np.int32))
+    return mx.stack(hs), mx.stack(ts), teacher, idx
+
+
+def _flat(a: mx.array, idx: mx.array) -> mx.array:
+    return a.reshape(-1, a.shape[-1])[idx]
+
+
+def logits(model: nn.Module, head_: FeatureHead, h, tokens, idx) -> mx.array:
+    """(M, V) draft logits at the flat positions."""
+    mask = "causal" if h.shape[1] > 1 else None
+    return head(model, _flat(head_(model, h, tokens, mask), idx))
+
+
+def evaluate(
+    model: nn.Module, head_: FeatureHead, exs: list[HeadExample], batch: int = 16
+) -> tuple[float, float, float]:
+    """(first-token agreement, second-token agreement, mean KL of the first) on `exs`.
+
+    The second token: the head reads its own predicted state (of the first pass) in place
+    of the target's, with the target's tokens (a row whose first draft token was accepted).
+    """
+    from .training import _kl
+
+    agree1 = agree2 = kl = 0.0
+    n1 = n2 = 0
+    for i in range(0, len(exs), batch):
+        group = exs[i : i + batch]
+        h, toks, teacher, idx = _batch(group)
+        mask = "causal" if h.shape[1] > 1 else None
+        pred = head_(model, h, toks, mask)  # (B, T, D): states at p + 1
+        t_logits = head(model, teacher)
+        want = t_logits.argmax(-1)
+        s1 = head(model, _flat(pred, idx))
+        a1 = (s1.argmax(-1) == want).sum()
+        k1 = _kl(t_logits, s1).sum()
+        # Second token: position j reads the predicted state for j (made at j - 1).
+        shifted = mx.concatenate([h[:, :1], pred[:, :-1]], axis=1)
+        pred2 = head_(model, shifted, toks, mask)
+        valid = np.concatenate([r * h.shape[1] + np.arange(1, x.n) for r, x in enumerate(group)])
+        pos = mx.array(valid.astype(np.int32))
+        keep = mx.array(
+            np.concatenate(
+                [np.arange(1, x.n) + sum(y.n for y in group[:r]) for r, x in enumerate(group)]
+            ).astype(np.int32)
+        )
+        a2 = (head(model, _flat(pred2, pos)).argmax(-1) == want[keep]).sum()
+        mx.eval(a1, k1, a2)
+        agree1 += a1.item()
+        kl += k1.item()
+        agree2 += a2.item()
+        n1 += teacher.shape[0]
+        n2 += int(valid.size)
+    return (agree1 / max(n1, 1), agree2 / max(n2, 1), kl / max(n1, 1))
+
+
+def train_head(
+    model: nn.Module,
+    head_: FeatureHead,
+    train_exs: list[HeadExample],
+    held_exs: list[HeadExample],
+    tokens: int = 60_000,
+    lr: float = 1e-3,
+    batch: int = 16,
+    feature_weight: float = 0.1,
+    eval_every: int = 10_000,
+    seed: int = 0,
+    on_step=None,
+) -> dict:
+    """Train `head_` in place: KL(full || draft) + `feature_weight` x smooth-L1 between the
+    predicted and the target's normalized states (EAGLE's regression, which keeps the
+    chain's fed-back states close to real ones). Returns before / after agreements (first
+    and second token), KL and the learning curve [(positions seen, first, second)]."""
+    import mlx.optimizers as optim
+
+    from .training import _kl
+
+    if not train_exs:
+        raise ValueError("no training examples")
+    rng = np.random.default_rng(seed)
+    mx.random.seed(seed)
+    per_step = max(1, sum(x.n for x in train_exs) * batch // len(train_exs))
+    steps = max(1, tokens // per_step)
+    warm = max(1, steps // 20)
+    schedule = optim.join_schedules(
+        [optim.linear_schedule(lr * 0.01, lr, warm), optim.cosine_decay(lr, max(1, steps - warm))],
+        [warm],
+    )
+    opt = optim.Adam(learning_rate=schedule)
+    norm = model.model.norm
+
+    def loss_fn(h, toks, teacher, idx):
+        mask = "causal" if h.shape[1] > 1 else None
+        pred = _flat(head_(model, h, toks, mask), idx)
+        t_logits = mx.stop_gradient(head(model, teacher))
+        loss = _kl(t_logits, head(model, pred)).mean()
+        if feature_weight:
+            diff = norm(pred) - mx.stop_gradient(norm(teacher))
+            loss = loss + feature_weight * nn.losses.smooth_l1_loss(diff, mx.zeros_like(diff))
+        return loss
+
+    step_fn = nn.value_and_grad(head_, loss_fn)
+    b1, b2, kb = evaluate(model, head_, held_exs)
+    out = {"before": b1, "before_second": b2, "kl_before": kb, "curve": [(0, b1, b2)]}
+    seen, next_eval, step = 0, eval_every, 0
+    while step < steps:
+        order = rng.permutation(len(train_exs))
+        for i in range(0, len(order), batch):
+            if step >= steps:
+                break
+            group = sorted((train_exs[j] for j in order[i : i + batch]), key=lambda x: x.n)
+            h, toks, teacher, idx = _batch(group)
+            loss, grads = step_fn(h, toks, teacher, idx)
+            opt.update(head_, grads)
+            mx.eval(head_.parameters(), opt.state, loss)
+            seen += teacher.shape[0]
+            step += 1
+            if on_step is not None:
+                on_step(teacher.shape[0], loss.item())
+            if eval_every and seen >= next_eval and step < steps:
+                a1, a2, _ = evaluate(model, head_, held_exs)
+                out["curve"].append((seen, a1, a2))
+                next_eval += eval_every
+    a1, a2, ka = evaluate(model, head_, held_exs)
+    out.update(after=a1, after_second=a2, kl_after=ka, tokens=seen)
+    out["curve"].append((seen, a1, a2))
+    return out
