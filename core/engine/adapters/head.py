@@ -24,11 +24,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
 from ..scorer import head
 from .data import Example, Features
+from .training import _kl, warmup_cosine
 
 KIND = "feature-head"
 
@@ -114,13 +116,18 @@ def _batch(exs: list[HeadExample]) -> tuple[mx.array, mx.array, mx.array, mx.arr
     return mx.stack(hs), mx.stack(ts), teacher, idx
 
 
+def _mask(h: mx.array):
+    """Causal attention over a sequence (none for one position)."""
+    return "causal" if h.shape[1] > 1 else None
+
+
 def _flat(a: mx.array, idx: mx.array) -> mx.array:
     return a.reshape(-1, a.shape[-1])[idx]
 
 
 def logits(model: nn.Module, head_: FeatureHead, h, tokens, idx) -> mx.array:
     """(M, V) draft logits at the flat positions."""
-    mask = "causal" if h.shape[1] > 1 else None
+    mask = _mask(h)
     return head(model, _flat(head_(model, h, tokens, mask), idx))
 
 
@@ -132,14 +139,12 @@ def evaluate(
     The second token: the head reads its own predicted state (of the first pass) in place
     of the target's, with the target's tokens (a row whose first draft token was accepted).
     """
-    from .training import _kl
-
     agree1 = agree2 = kl = 0.0
     n1 = n2 = 0
     for i in range(0, len(exs), batch):
         group = exs[i : i + batch]
         h, toks, teacher, idx = _batch(group)
-        mask = "causal" if h.shape[1] > 1 else None
+        mask = _mask(h)
         pred = head_(model, h, toks, mask)  # (B, T, D): states at p + 1
         t_logits = head(model, teacher)
         want = t_logits.argmax(-1)
@@ -151,9 +156,10 @@ def evaluate(
         pred2 = head_(model, shifted, toks, mask)
         valid = np.concatenate([r * h.shape[1] + np.arange(1, x.n) for r, x in enumerate(group)])
         pos = mx.array(valid.astype(np.int32))
+        starts = np.cumsum([0] + [x.n for x in group[:-1]])  # each example's first in `want`
         keep = mx.array(
             np.concatenate(
-                [np.arange(1, x.n) + sum(y.n for y in group[:r]) for r, x in enumerate(group)]
+                [s + np.arange(1, x.n) for s, x in zip(starts, group, strict=True)]
             ).astype(np.int32)
         )
         a2 = (head(model, _flat(pred2, pos)).argmax(-1) == want[keep]).sum()
@@ -183,26 +189,17 @@ def train_head(
     predicted and the target's normalized states (EAGLE's regression, which keeps the
     chain's fed-back states close to real ones). Returns before / after agreements (first
     and second token), KL and the learning curve [(positions seen, first, second)]."""
-    import mlx.optimizers as optim
-
-    from .training import _kl
-
     if not train_exs:
         raise ValueError("no training examples")
     rng = np.random.default_rng(seed)
     mx.random.seed(seed)
     per_step = max(1, sum(x.n for x in train_exs) * batch // len(train_exs))
     steps = max(1, tokens // per_step)
-    warm = max(1, steps // 20)
-    schedule = optim.join_schedules(
-        [optim.linear_schedule(lr * 0.01, lr, warm), optim.cosine_decay(lr, max(1, steps - warm))],
-        [warm],
-    )
-    opt = optim.Adam(learning_rate=schedule)
+    opt = optim.Adam(learning_rate=warmup_cosine(lr, steps, max(1, steps // 20)))
     norm = model.model.norm
 
     def loss_fn(h, toks, teacher, idx):
-        mask = "causal" if h.shape[1] > 1 else None
+        mask = _mask(h)
         pred = _flat(head_(model, h, toks, mask), idx)
         t_logits = mx.stop_gradient(head(model, teacher))
         loss = _kl(t_logits, head(model, pred)).mean()

@@ -157,6 +157,15 @@ def _chunks(feats: list[Features], batch_tokens: int) -> list[list[Features]]:
     return out
 
 
+def warmup_cosine(lr: float, steps: int, warm: int):
+    """The learning rate over `steps`: linear from lr / 100 to `lr` over `warm` steps, then
+    cosine decay."""
+    return optim.join_schedules(
+        [optim.linear_schedule(lr * 0.01, lr, warm), optim.cosine_decay(lr, max(1, steps - warm))],
+        [warm],
+    )
+
+
 def train(
     model: nn.Module,
     adapter: Adapter,
@@ -175,15 +184,7 @@ def train(
     per_epoch = sum(f.n for f in train_feats)
     steps_per_epoch = len(_chunks(train_feats, cfg.batch_tokens))
     steps = max(1, round(cfg.tokens / per_epoch * steps_per_epoch))
-    warm = max(1, int(cfg.warmup * steps))
-    schedule = optim.join_schedules(
-        [
-            optim.linear_schedule(cfg.lr * 0.01, cfg.lr, warm),
-            optim.cosine_decay(cfg.lr, max(1, steps - warm)),
-        ],
-        [warm],
-    )
-    opt = optim.Adam(learning_rate=schedule)
+    opt = optim.Adam(learning_rate=warmup_cosine(cfg.lr, steps, max(1, int(cfg.warmup * steps))))
 
     def loss_fn(x, final, idx):
         teacher = mx.stop_gradient(_head(model, adapter, final))
