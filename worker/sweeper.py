@@ -8,6 +8,10 @@ Every `sweep_interval` seconds, in the worker's main process:
   OOM), or whose owner is a process of this host that no longer runs (a pool process
   killed outright: at once, not after the lease), are re-queued, or cancelled when their
   job is cancelling (`repo.reap_expired`);
+* deliveries: a chunk the broker handed to a worker that died before leasing its items
+  (SIGKILL in that moment) stays unacknowledged in Redis until the visibility timeout, an
+  hour by default. A delivery older than a lease whose items nobody leased since is put
+  back on its queue (`rescue`);
 * broker epoch: the broker's epoch (worker/enqueue.py) is compared with the one each
   unfinished job was enqueued under. A job from an older epoch lost its queued chunks:
   one worker wins a conditional update and enqueues its open items again.
@@ -18,9 +22,12 @@ duplicate chunk costs nothing. The broker's visibility timeout stays as the last
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import time
+from datetime import UTC, datetime
 
 from celery import bootsteps
 from sqlalchemy import or_, select, update
@@ -31,6 +38,7 @@ from core.store.database import StoreGone, make_engine, make_sessionmaker
 from core.store.models import Job
 
 from . import shutdown
+from .app import TASK_NAME
 from .enqueue import broker_epoch, enqueue
 from .process import owner_is_dead
 
@@ -86,12 +94,47 @@ def reap(app, sessions) -> dict[str, list[int]]:
     return requeue
 
 
+def rescue(app, sessions, queues) -> dict[str, list[int]]:
+    """Put back on their queue the chunks of `queues` that a worker took from the broker more
+    than a lease ago and whose items nobody leased since (that worker died first); job id ->
+    those items. A live worker leases a chunk's items as it receives it; should one be that
+    slow, the chunk it gets twice is skipped where leased, so nothing runs twice."""
+    settings = app.conf.applespec_settings
+    rescued: dict[str, list[int]] = {}
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        client = channel.client
+        before = time.time() - settings.lease_timeout
+        for tag, at in client.zrangebyscore(
+            channel.unacked_index_key, "-inf", before, withscores=True
+        ):
+            raw = client.hget(channel.unacked_key, tag)
+            if raw is None:  # acknowledged or restored meanwhile
+                continue
+            payload, _exchange, routing_key = json.loads(raw)
+            message = channel.Message(payload, channel=channel)
+            if routing_key not in queues or message.headers.get("task") != TASK_NAME:
+                continue
+            (job_id, item_ids), _kwargs, _embed = message.decode()
+            with sessions() as session:
+                ids = repo.never_leased(session, job_id, item_ids, datetime.fromtimestamp(at, UTC))
+            if ids:
+                channel.qos.restore_by_tag(tag, client=client)
+                rescued[job_id] = ids
+                log.warning(
+                    "job %s: %d item(s) whose worker died as it received them queued again",
+                    job_id,
+                    len(ids),
+                )
+    return rescued
+
+
 def presence_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Sweeper(bootsteps.StartStopStep):
-    """Runs `reap` and `sweep` on the worker's timer (main process; no model there)."""
+    """Runs `reap`, `rescue` and `sweep` on the worker's timer (main process; no model there)."""
 
     requires = {"celery.worker.components:Timer"}
 
@@ -114,6 +157,7 @@ class Sweeper(bootsteps.StartStopStep):
                 with self.sessions() as session:
                     repo.worker_seen(session, presence_name(), queues, ttl)
                 reap(app, self.sessions)
+                rescue(app, self.sessions, queues)
                 sweep(app, self.sessions)
             except StoreGone as e:
                 log.error("%s: stopping this worker", e)

@@ -433,6 +433,27 @@ def reap_expired(
     return requeue
 
 
+def never_leased(
+    session: Session, job_id: str, item_ids: Iterable[int], delivered_at: datetime
+) -> list[int]:
+    """The items of a chunk delivered at `delivered_at` that no worker has leased since: still
+    pending, without a lease, and queued no later than that delivery (an item queued again
+    after it travels in a newer chunk). The ids, sorted."""
+    ids = list(item_ids)
+    found = []
+    for i in range(0, len(ids), 500):  # bounded IN lists
+        rows = session.execute(
+            select(Item.id, Item.queued_at).where(
+                Item.id.in_(ids[i : i + 500]),
+                Item.job_id == job_id,
+                Item.status == "pending",
+                Item.lease_owner.is_(None),
+            )
+        ).all()
+        found += [i for i, queued in rows if (aware(queued) or delivered_at) <= delivered_at]
+    return sorted(found)
+
+
 def finish_item(
     session: Session,
     item: Item,

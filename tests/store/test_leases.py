@@ -117,6 +117,27 @@ def test_reap_requeues_expired_items_once_and_cancels_a_cancelling_jobs(sessions
         assert _item(s, y).error_message == "cancelled; its worker had stopped"
 
 
+def test_never_leased_finds_a_deliverys_items_nobody_took_since(sessions):
+    from datetime import timedelta
+
+    with sessions() as s:
+        job, ids = _job(s, n=5)
+        other, other_ids = _job(s, n=1)
+        delivered = repo.utcnow()
+        repo.lease_items(s, job.id, ids[:1], A, 30)  # leased: held by a worker
+        repo.lease_items(s, job.id, ids[1:2], A, -1)  # leased, expired: the reaper's to take
+        finished = repo.claim_item(s, ids[2], B, 30, 3)
+        repo.finish_item(s, finished, BODY, dict(METRIC))
+        later = delivered + timedelta(seconds=5)  # queued again after the delivery
+        s.execute(Item.__table__.update().where(Item.id == ids[3]).values(queued_at=later))
+        s.execute(Item.__table__.update().where(Item.id == ids[4]).values(queued_at=delivered))
+        s.commit()
+        chunk = [*ids, other_ids[0]]
+        assert repo.never_leased(s, job.id, chunk, delivered) == [ids[4]]
+        assert repo.never_leased(s, job.id, chunk, later) == ids[3:]
+        assert repo.never_leased(s, other.id, other_ids, delivered) == other_ids  # never queued
+
+
 def test_retry_requeues_running_items_whose_lease_expired(sessions):
     with sessions() as s:
         job, ids = _job(s, n=3)

@@ -216,14 +216,26 @@ class Store:
             )
             return {m.item_id: m for m in rows}
 
-    def wait_for(self, predicate, timeout: float, what: str, interval: float = 0.2):
+    def wait_for(
+        self, predicate, timeout: float, what: str, interval: float = 0.2, job: str | None = None
+    ):
+        """`predicate()` once truthy; on timeout an error that shows `job`'s items."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = predicate()
             if value:
                 return value
             time.sleep(interval)
-        raise TimeoutError(f"timed out waiting for {what}")
+        raise TimeoutError(f"timed out waiting for {what}" + (self.describe(job) if job else ""))
+
+    def describe(self, job_id: str) -> str:
+        """One line per item: status, attempts, lease, queued and started times."""
+        return "".join(
+            f"\n  item {i.id} line {i.line}: {i.status} attempts={i.attempts} "
+            f"lease={i.lease_owner}@{i.lease_expires_at} queued={i.queued_at} "
+            f"started={i.started_at} worker={i.worker}"
+            for i in self.items(job_id)
+        )
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,6 +20,7 @@ from migrations import upgrade
 from worker.app import queue_name
 
 from .service import (
+    ROOT,
     SHARED_REDIS,
     Store,
     Worker,
@@ -84,7 +87,9 @@ def test_sigkilled_worker_with_default_settings_loses_nothing_and_runs_nothing_t
             if i.lease_owner and int(i.lease_owner.rsplit(":", 1)[1]) in pids
         ]
         assert held, "worker A held no lease when it was killed"
-        store.wait_for(lambda: store.job(job_id).status == "completed", 120, "the job to complete")
+        store.wait_for(
+            lambda: store.job(job_id).status == "completed", 120, "the job to complete", job=job_id
+        )
         recovery = time.monotonic() - killed
         print(
             f"\nrecovery after SIGKILL with default settings: {recovery:.1f} s "
@@ -106,6 +111,63 @@ def test_sigkilled_worker_with_default_settings_loses_nothing_and_runs_nothing_t
     finally:
         a.stop()
         b.stop()
+        store.dispose()
+
+
+# A consumer that takes one chunk from the broker the way a worker does (unacknowledged) and
+# holds it until it is killed: a worker SIGKILLed between receiving a chunk and leasing it.
+TAKE_ONE = """
+import sys
+from worker.app import create_app
+with create_app().connection_for_read() as conn:
+    message = conn.default_channel.basic_get(sys.argv[1])
+    print("taken" if message is not None else "empty", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_chunk_whose_worker_died_before_leasing_it_is_queued_again(tmp_path):
+    """Redis keeps a delivered chunk unacknowledged for the visibility timeout (an hour): a
+    worker that dies after receiving it and before leasing its items would leave them pending
+    that long. The sweeper of a live worker puts it back once it is a lease old."""
+    db = f"sqlite:///{tmp_path / 'taken.db'}"
+    env = service_env(
+        db, APPLESPEC_LEASE_TIMEOUT="2", APPLESPEC_HEARTBEAT_INTERVAL="0.5"
+    )  # the default visibility timeout
+    upgrade(db)
+    model = unique_model()
+    store = Store(db)
+    path = write_prompts(tmp_path / "job.jsonl", [f"t{i}" for i in range(4)], 4)
+    job_id = submit(env, path, model)  # two chunks of two, no worker yet
+    taker = subprocess.Popen(
+        [sys.executable, "-c", TAKE_ONE, queue_name(model)],
+        cwd=ROOT,
+        env={**os.environ, **env, "APPLESPEC_MODEL": model},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    b = None
+    try:
+        assert taker.stdout.readline().strip() == "taken"
+        taker.kill()
+        taker.wait(timeout=10)
+        b = Worker(env, model, tmp_path / "b.log")
+        b.wait_ready()
+        store.wait_for(
+            lambda: store.job(job_id).status == "completed", 60, "the job to complete", job=job_id
+        )
+        items = store.items(job_id)
+        assert [i.attempts for i in items] == [1, 1, 1, 1]
+        assert set(store.results_per_item(job_id).values()) == {1}
+        assert sorted(store.results_per_item(job_id)) == [i.id for i in items]
+        log = b.log.read_text()
+        assert f"job {job_id}: 2 item(s) whose worker died as it received them queued again" in log
+    finally:
+        if taker.poll() is None:
+            taker.kill()
+        if b is not None:
+            b.stop()
         store.dispose()
 
 
