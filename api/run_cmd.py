@@ -80,12 +80,13 @@ def open_store(settings: Settings, readonly: bool = False):
         ) from e
 
 
-def load_engine(model: str, draft: str, k: int | None):
-    """Engine.load with a model the user got wrong as a one-line error."""
+def load_engine(model: str, draft: str, k: int | None, learn: float = 0.0):
+    """Engine.load with a model the user got wrong as a one-line error; `learn`: the
+    self-drafter's online learning share (APPLESPEC_LEARN_SHARE)."""
     from core.engine import Engine, ModelError
 
     try:
-        return Engine.load(model, draft=draft, k=k)
+        return Engine.load(model, draft=draft, k=k, learn=learn)
     except (ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e
 
@@ -170,7 +171,7 @@ def run_cmd(
     settings = Settings.from_env()
     model = settings.resolve_model(model)
     lines = read_job_file(input_file, settings)
-    engine = load_engine(model, draft, k)
+    engine = load_engine(model, draft, k, settings.learn_share)
     params = overrides(**params)
     try:
         requests, bad = validate_for(

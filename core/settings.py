@@ -108,6 +108,9 @@ class Settings:
             models a job may name in `draft-model:NAME` besides the registry aliases.
         batch_size: APPLESPEC_BATCH_SIZE, rows of a worker's continuous batch; 0 = chosen
             from the machine's measured verify-cost surface.
+        learn_share: APPLESPEC_LEARN_SHARE, the share of a worker's wall time its
+            self-drafter (`adapter[:L]`, `auto` with a stored one) may spend learning from
+            the rows it finishes (0 = no online learning; at most 1).
         share_answers: APPLESPEC_SHARE_ANSWERS=0 keeps each worker's suffix index to its own
             answers; by default the workers of a job read each other's from the store.
         serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
@@ -134,6 +137,7 @@ class Settings:
     draft_model_dirs: tuple[str, ...] = ()
     serve_models: tuple[str, ...] = ()
     batch_size: int = 0
+    learn_share: float = 0.1
     share_answers: bool = True
 
     def __post_init__(self) -> None:
@@ -141,6 +145,8 @@ class Settings:
             value = getattr(self, name)
             if not _number_ok(value, minimum, whole=_kind is int):
                 raise SettingsError(_rule(name, value))
+        if self.learn_share > 1:
+            raise SettingsError(_rule("learn_share", self.learn_share))
         if self.heartbeat_interval * 2 > self.lease_timeout:
             raise SettingsError(
                 f"APPLESPEC_HEARTBEAT_INTERVAL ({self.heartbeat_interval:g} s) must be at most "
@@ -241,6 +247,7 @@ _NUMBERS: dict[str, tuple[float, type]] = {
     "max_file_bytes": (64, int),
     "max_tokens_limit": (1, int),
     "batch_size": (0, int),
+    "learn_share": (0.0, float),
 }
 
 
@@ -254,6 +261,8 @@ def _number_ok(value: Any, minimum: float, whole: bool) -> bool:
 
 def _rule(name: str, value: Any) -> str:
     minimum, kind = _NUMBERS[name]
+    if name == "learn_share":
+        return f"APPLESPEC_LEARN_SHARE must be a share of the time between 0 and 1, got {value!r}"
     what = "a whole number" if kind is int else "a number of seconds"
     return f"APPLESPEC_{name.upper()} must be {what} >= {minimum:g}, got {value!r}"
 

@@ -36,6 +36,7 @@ def test_every_variable_is_read():
         "APPLESPEC_MODEL_ALIASES": " gpt-3.5-turbo-0125 = smollm2-135m , gpt-4o=qwen2.5-coder-1.5b,",
         "APPLESPEC_STRICT_MODELS": "yes",
         "APPLESPEC_DRAFT_MODEL_DIRS": "/models/a:/models/b",
+        "APPLESPEC_LEARN_SHARE": "0.25",
     }
     s = Settings.from_env(env)
     assert (s.max_attempts, s.visibility_timeout, s.chunk_size) == (5, 600, 4)
@@ -50,6 +51,7 @@ def test_every_variable_is_read():
     assert s.resolve_model("gpt-4o") == "qwen2.5-coder-1.5b" and s.resolve_model("x") == "x"
     assert s.strict_models is True
     assert s.draft_model_dirs == ("/models/a", "/models/b")
+    assert s.learn_share == 0.25
     assert hash(s) == hash(Settings.from_env(env))  # workers key per-process caches on it
 
 
@@ -90,6 +92,14 @@ def test_every_variable_is_read():
             "APPLESPEC_MODEL_ALIASES entry 'gpt-4o' must be NAME=MODEL",
         ),
         ({"APPLESPEC_STRICT_MODELS": "maybe"}, "APPLESPEC_STRICT_MODELS must be 1 or 0"),
+        (
+            {"APPLESPEC_LEARN_SHARE": "1.5"},
+            "APPLESPEC_LEARN_SHARE must be a share of the time between 0 and 1, got 1.5",
+        ),
+        (
+            {"APPLESPEC_LEARN_SHARE": "ten"},
+            "APPLESPEC_LEARN_SHARE must be a share of the time between 0 and 1, got 'ten'",
+        ),
         ({"APPLESPEC_BROKER_URL": "localhost"}, "APPLESPEC_BROKER_URL must be a URL"),
     ],
 )

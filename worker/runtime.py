@@ -65,8 +65,9 @@ class Cancelled(Exception):
 class Runtime:
     """Per process: models, engines and the engine thread (see the module docstring)."""
 
-    def __init__(self, batch_size: int | None = None):
+    def __init__(self, batch_size: int | None = None, learn_share: float = 0.0):
         self.batch_size = batch_size
+        self.learn_share = learn_share  # online learning of self-drafters (Engine's `learn`)
         self._models: dict[str, Any] = {}
         self._engines: dict[tuple, Any] = {}
         self._inbox: queue.Queue[Work] = queue.Queue()
@@ -107,6 +108,7 @@ class Runtime:
                 k=k,
                 draft_model=draft_model,
                 batch_size=self.batch_size,
+                learn=self.learn_share,
             )
         return self._engines[key]
 
@@ -306,9 +308,9 @@ class Runtime:
 _runtime: Runtime | None = None
 
 
-def runtime(batch_size: int | None = None) -> Runtime:
+def runtime(batch_size: int | None = None, learn_share: float = 0.0) -> Runtime:
     """This process's Runtime (made on first use, after the fork)."""
     global _runtime
     if _runtime is None:
-        _runtime = Runtime(batch_size or None)
+        _runtime = Runtime(batch_size or None, learn_share)
     return _runtime

@@ -55,6 +55,11 @@ def _sessions_in(url: str, pid: int):
     return make_sessionmaker(make_engine(url))
 
 
+def runtime_for(settings: Settings):
+    """This process's Runtime, made with the settings' batch size and learning share."""
+    return runtime(settings.batch_size, settings.learn_share)
+
+
 def heartbeat(settings: Settings) -> Heartbeat:
     """This process's heartbeat (one per process, started on first use, after the fork)."""
     return _heartbeat_in(settings, os.getpid())
@@ -72,7 +77,7 @@ def _heartbeat_in(settings: Settings, pid: int) -> Heartbeat:
         settings.lease_timeout,
         settings.heartbeat_interval,
         on_store_gone=store_gone,
-        on_cancelled=lambda ids: runtime(settings.batch_size).cancel(ids),
+        on_cancelled=lambda ids: runtime_for(settings).cancel(ids),
     )
 
 
@@ -137,7 +142,7 @@ class Writer:
             return
         with self.sessions() as session:
             texts, last, done = repo.answers_since(session, job, after, not_worker=self.worker)
-        rt = runtime(self.settings.batch_size)
+        rt = runtime_for(self.settings)
         if done:
             self._seen.pop(job, None)
             rt.forget(job)
@@ -182,7 +187,7 @@ def run_chunk(
     sessions = _sessions(settings.database_url)
     worker = worker_name()
     beat = heartbeat(settings)
-    rt = runtime(settings.batch_size)
+    rt = runtime_for(settings)
     out = writer(settings)
     counts = {"submitted": 0, "failed": 0, "skipped": 0, "handed_back": 0}
     with sessions() as session:
@@ -258,7 +263,7 @@ def run_chunk(
 def hand_back_all(settings: Settings, app: Celery | None) -> int:
     """A warm shutdown of this process: hand back what waits in the engine's queue, let the
     rows in flight finish and their results be stored. Returns the items handed back."""
-    rt = runtime(settings.batch_size)
+    rt = runtime_for(settings)
     taken = rt.take_back()
     n = 0
     if taken and app is not None:

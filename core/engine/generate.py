@@ -116,6 +116,11 @@ class Engine:
             (wall time, host work included) and drafts only while that is faster
             (draft_length.StepModes); False drafts on every step the policy pays for. Off
             with a fixed `k`.
+        learn: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), the
+            share of wall time its online learning may take (adapters/online.py): it trains
+            on the rows this engine finishes and swaps in versions that agree more on a
+            held-out slice of them. With `adapter:L` and none stored it starts untrained.
+            0 = no online learning.
     """
 
     def __init__(
@@ -135,8 +140,11 @@ class Engine:
         share_prefixes: bool = True,
         step_modes: bool = True,
         progress: Callable[[str], None] = lambda s: None,
+        learn: float = 0.0,
     ):
         entry, arg = registry.parse(draft)
+        if not 0 <= learn <= 1:
+            raise ValueError(f"the learning share must be between 0 and 1, got {learn}")
         if k is not None and k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         if batch_size is not None and batch_size < 1:
@@ -147,7 +155,12 @@ class Engine:
             if not 0 < int(arg) < n:
                 raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
         # A stored self-drafter (`adapter`; `auto` when one is stored), loaded once.
-        self.adapter = registry.stored_adapter(target, entry.name, arg)
+        self.adapter = registry.stored_adapter(target, entry.name, arg, untrained=learn > 0)
+        self.learner = None
+        if self.adapter is not None and learn > 0:
+            from .adapters.online import OnlineLearner
+
+            self.learner = OnlineLearner(target.model, self.adapter, share=learn)
         if entry.name == "draft-model" and draft_model is None:
             draft_model = load_model(arg)
         if draft_model is not None:
@@ -353,17 +366,21 @@ class Batch:
     # -- one step ---------------------------------------------------------------------
 
     def step(self) -> list[GenerationResult]:
-        """Admit, draft, verify and commit once; the results of rows that finished."""
+        """Admit, draft, verify and commit once; the results of rows that finished. Then
+        a turn of the self-drafter's online learning, when its time budget allows."""
         with mx.stream(generation_stream):
             if self.modes is None:
-                return self._step()
-            t0, n0 = time.perf_counter(), self.emitted
-            out = self._step()
-            rows = self.active
-            evidence = sum(d.evidence() for d in self.drafters)
-            self.modes.observe(
-                self._mode, self.emitted - n0, time.perf_counter() - t0, rows, evidence
-            )
+                out = self._step()
+            else:
+                t0, n0 = time.perf_counter(), self.emitted
+                out = self._step()
+                rows = self.active
+                evidence = sum(d.evidence() for d in self.drafters)
+                self.modes.observe(
+                    self._mode, self.emitted - n0, time.perf_counter() - t0, rows, evidence
+                )
+            if self.engine.learner is not None:
+                self.engine.learner.tick()
             return out
 
     def _step(self) -> list[GenerationResult]:
@@ -945,6 +962,8 @@ class Batch:
         s.metrics.t_end = time.perf_counter()
         for d in self.drafters:
             d.retire(s)
+        if self.engine.learner is not None:
+            self.engine.learner.observe(s.prompt, s.output)
         self.rows[s.slot] = None
         self.cache.lengths[s.slot] = 0
         self._done.append(s)
@@ -980,6 +999,8 @@ class Batch:
         if len(seqs) > 1:  # the answers' draft counts together
             for key in ("draft_tokens", "accepted_tokens", "verify_steps"):
                 speculative[key] = sum(s.metrics.speculative()[key] for s in seqs)
+        if self.engine.learner is not None:  # the self-drafter version serving as it ended
+            speculative["adapter_version"] = self.engine.learner.version
         return GenerationResult(
             tokens=choices[0].tokens,
             text=choices[0].text,

@@ -756,8 +756,42 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
             "acceptance_rate": accepted / drafted if drafted else None,
             # Tokens per target verify step (accepted drafts + the bonus/corrected token).
             "mean_accepted_length": tokens / steps if steps else None,
+            "acceptance_over_time": acceptance_over_time(session, job_id),
+            "adapter_version": _latest_adapter_version(session, job_id),
         },
     }
+
+
+def acceptance_over_time(session: Session, job_id: str, points: int = 10) -> list[dict]:
+    """The job's acceptance as its items finished: the items measured so far in finish
+    order, cut into up to `points` consecutive groups; per group the items finished by its
+    end and the share of drafted tokens accepted in it (None where nothing was drafted)."""
+    rows = session.execute(
+        select(Metric.accepted_tokens, Metric.draft_tokens)
+        .join(Item, Item.id == Metric.item_id)
+        .where(Item.job_id == job_id)
+        .order_by(Metric.id)
+    ).all()
+    out, n = [], len(rows)
+    groups = min(points, n)
+    for g in range(groups):
+        lo, hi = g * n // groups, (g + 1) * n // groups
+        accepted = sum(a or 0 for a, _ in rows[lo:hi])
+        drafted = sum(d or 0 for _, d in rows[lo:hi])
+        out.append({"items": hi, "acceptance_rate": accepted / drafted if drafted else None})
+    return out
+
+
+def _latest_adapter_version(session: Session, job_id: str) -> int | None:
+    """The online-learned self-drafter version the job's latest item finished with."""
+    spec = session.scalar(
+        select(Metric.speculative)
+        .join(Item, Item.id == Metric.item_id)
+        .where(Item.job_id == job_id)
+        .order_by(Metric.id.desc())
+        .limit(1)
+    )
+    return (spec or {}).get("adapter_version")
 
 
 def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str, Any]]]:

@@ -159,25 +159,44 @@ def test_adapter_whose_weights_do_not_fit_is_refused(make_tiny):
         load(path, target)
 
 
-def test_an_adapter_for_a_model_kept_quantized_is_refused(make_tiny):
-    """A GPU worker keeps GGUF weights quantized; an adapter trained on the float weights
-    (same model key) is refused there with a clear error, and `auto` goes without."""
+def test_an_adapter_serves_and_learns_on_a_model_kept_quantized(make_tiny):
+    """A GPU worker keeps GGUF weights quantized: an adapter trained on the float weights
+    (same model key) loads there with its block in float, drafts with greedy output equal
+    to plain greedy on the quantized target, and an untrained one starts there dequantized
+    (online learning)."""
     import mlx.nn as nn
 
     from core.engine.model import LoadedModel
     from core.engine.tiny import tiny_model
 
     target = make_tiny(0)
-    path = save(target, new_adapter(target.model, 2), {"agreement": 0.5})
+    path = store_adapter(target, 2)
     kept = LoadedModel("tiny-0", tiny_model(0), target.tokenizer, 4096)  # its own copy
     for layer in kept.model.model.layers:  # the embeddings stay float
         nn.quantize(layer, group_size=32, bits=8)
     assert model_key(kept) == model_key(target)
-    with pytest.raises(AdapterError, match="quantized weights"):
-        load(path, kept)
-    from core.engine.drafters import stored_adapter
+    adapter = load(path, kept)
+    assert not any(hasattr(m, "scales") for _, m in adapter.block.named_modules())
+    fresh = new_adapter(kept.model, 2)
+    src = kept.model.model.layers[2].self_attn.k_proj
+    want = mx.dequantize(src.weight, src.scales, src.biases, src.group_size, src.bits)
+    assert mx.array_equal(fresh.block.self_attn.k_proj.weight, want)
+    prompts = [kept.encode_prompt(p) for p in ("the red car", "1, 2, 3, 1, 2, 3, 1,")]
+    reqs = [(p, GenerationParams(max_tokens=24)) for p in prompts]
+    plain = Engine(kept, draft="none", surface=FLAT, batch_size=2).generate_many(reqs)
+    for spec in ("adapter:2", "auto"):
+        eng = Engine(kept, draft=spec, k=3, surface=FLAT, batch_size=2, step_modes=False)
+        assert [r.tokens for r in eng.generate_many(reqs)] == [r.tokens for r in plain]
+    from core.engine.adapters.online import OnlineLearner
 
-    assert stored_adapter(kept, "auto", None) is None
+    # Online learning trains through the quantized layers and head (gradients to the block).
+    learner = OnlineLearner(kept.model, fresh, share=1.0, held_every=2, eval_every=2)
+    for (p, _), r in zip(reqs, plain, strict=True):
+        learner.observe(p, r.tokens)
+    while learner.steps < 2:
+        learner.work()
+    held = learner.history[0]["held_out_positions"]  # one of the two prompts is held out
+    assert held in (len(plain[0].tokens), len(plain[1].tokens))
 
 
 def test_missing_adapter_names_calibrate_and_auto_falls_back(make_tiny, home):

@@ -154,12 +154,22 @@ def _exact_two_tokens(model, prompt, V):
 
 @pytest.mark.parametrize(
     "drafter",
-    ["none", "ngram", "early-exit:2", "draft-model:noisy", "tree", "adapter:1", "adapter:2"],
+    [
+        "none",
+        "ngram",
+        "early-exit:2",
+        "draft-model:noisy",
+        "tree",
+        "adapter:1",
+        "adapter:2",
+        "adapter:1+learn",
+    ],
 )
 def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
     """Three rows with different prompts share each batch; per row, the joint distribution
     of its first two tokens over 600 seeds matches the exact target distribution
-    (chi-square bound mean + 5 sd: false alarms < 1e-5)."""
+    (chi-square bound mean + 5 sd: false alarms < 1e-5). `+learn`: the adapter learns
+    online from those rows meanwhile, its new versions swapped in between steps."""
     from tests.engine.test_acceptance import chi_square_ok
 
     V = SMALL_VOCAB
@@ -171,6 +181,9 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
             "draft_cost": 0.1,
         }
     prompts = [[1, 2, 3, 4], [5, 0, 1], [2, 2, 2, 2, 2]]
+    if drafter.endswith("+learn"):
+        drafter = drafter.removesuffix("+learn")
+        extra = {"learn": 0.5}
     if drafter.startswith("adapter"):
         store_adapter(target, int(drafter.split(":")[1]), prompts=[[0, 1, 2], [3, 4, 5, 1]])
     exact = [_exact_two_tokens(target.model, p, V) for p in prompts]
@@ -187,6 +200,8 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
     for i in range(len(prompts)):
         stat, bound = chi_square_ok(counts[i].ravel(), exact[i].ravel(), runs)
         assert stat < bound, (drafter, i, stat, bound)
+    if "learn" in extra:
+        assert eng.learner.version >= 1  # a version was swapped in meanwhile
 
 
 def test_metrics_are_consistent(make_tiny):

@@ -66,6 +66,30 @@ def test_results_are_written_once_and_status_follows_counts(sessions):
     assert summary["metrics"]["mean_accepted_length"] == 2.0
 
 
+def test_status_shows_acceptance_climb_and_the_adapter_version(sessions):
+    """Acceptance over time in finish order (what online learning makes climb) and the
+    self-drafter version the latest item finished with."""
+    with sessions() as s:
+        job = _job(s, n=4, bad=())
+        for n, item_id in enumerate(repo.open_item_ids(s, job.id)):
+            item = repo.start_item(s, item_id, max_attempts=3, worker="h:1")
+            metric = dict(METRIC, draft_tokens=4, accepted_tokens=n + 1)
+            metric["speculative"] = {"adapter_version": n // 2}
+            repo.finish_item(s, item, _body(), metric)
+        metrics = repo.job_summary(s, job.id)["metrics"]
+        assert repo.acceptance_over_time(s, job.id, points=2) == [
+            {"items": 2, "acceptance_rate": 3 / 8},
+            {"items": 4, "acceptance_rate": 7 / 8},
+        ]
+    assert [p["acceptance_rate"] for p in metrics["acceptance_over_time"]] == [
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+    ]
+    assert metrics["adapter_version"] == 1
+
+
 def test_an_item_that_keeps_dying_is_capped(sessions):
     with sessions() as s:
         job = _job(s, n=1, bad=())

@@ -307,3 +307,39 @@ def test_two_workers_on_postgresql(postgres_url, tmp_path):
         for w in workers:
             w.stop()
         store.dispose()
+
+
+def test_a_workers_self_drafter_learns_while_the_job_runs(tmp_path):
+    """`--draft adapter:1` with nothing stored: the worker's adapter starts untrained and
+    learns from the job's rows (APPLESPEC_LEARN_SHARE=1, so a short job sees versions
+    swapped in). Each item's metrics carry the version it finished with; `status --json`
+    shows the latest one and the acceptance over the job's items in finish order."""
+    db = f"sqlite:///{tmp_path / 'learn.db'}"
+    env = service_env(
+        db,
+        APPLESPEC_LEARN_SHARE="1",
+        APPLESPEC_BATCH_SIZE="4",
+        APPLESPEC_HOME=str(tmp_path / "home"),
+    )
+    upgrade(db)
+    model = unique_model()
+    store = Store(db)
+    worker = Worker(env, model, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        path = write_prompts(tmp_path / "job.jsonl", [f"label {i}" for i in range(40)], 24)
+        job_id = submit(env, path, model, "--draft", "adapter:1", "--k", "3")
+        store.wait_for(
+            lambda: store.job(job_id).status == "completed", 180, "the job to complete", job=job_id
+        )
+        metrics = sorted(store.metrics(job_id).values(), key=lambda m: m.id)  # finish order
+        versions = [m.speculative["adapter_version"] for m in metrics]
+        assert versions == sorted(versions) and versions[-1] >= 1, versions
+        status = json.loads(cli_ok(env, "status", job_id, "--json"))
+        assert status["metrics"]["adapter_version"] == versions[-1]
+        curve = status["metrics"]["acceptance_over_time"]
+        assert [p["items"] for p in curve] == [4 * (i + 1) for i in range(10)]
+        assert all(0 <= p["acceptance_rate"] <= 1 for p in curve)
+    finally:
+        worker.stop()
+        store.dispose()

@@ -21,6 +21,7 @@ Training runs the same block over whole sequences with mlx-lm's causal mask
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -69,26 +70,34 @@ class Adapter:
 
 def new_adapter(model: nn.Module, layer: int) -> Adapter:
     """An untrained early-exit adapter at `layer`: a copy of the target's layer `layer`
-    (its output equals early exit at layer + 1 until it is trained).
+    (its output equals early exit at layer + 1 until it is trained). A quantized layer (GPU
+    backends keep GGUF weights quantized) is copied dequantized: the block trains in float
+    while the target stays as it is.
 
     Raises:
-        ValueError: the layer is not in [1, num_layers - 1], or its weights are quantized.
+        ValueError: the layer is not in [1, num_layers - 1].
     """
+    from mlx_lm.utils import dequantize_model
+
     layers = model.model.layers
     n = len(layers)
     if not 0 < layer < n:
         raise ValueError(f"exit layer must be between 1 and {n - 1}, got {layer}")
     src = layers[layer]
-    if any(hasattr(m, "scales") for _, m in src.named_modules()):
-        raise ValueError(
-            f"layer {layer} holds quantized weights (GPU backends keep GGUF weights quantized); "
-            "adapters run on float weights"
-        )
     block = type(src)(model.args)
-    # Arrays are immutable: sharing them is a copy until training replaces one.
-    block.update(src.parameters())
+    if any(hasattr(m, "scales") for _, m in src.named_modules()):
+        block = dequantize_model(copy.deepcopy(src))
+    else:  # arrays are immutable: sharing them is a copy until training replaces one
+        block.update(src.parameters())
     _freeze(block)
     return Adapter(KIND, layer, block)
+
+
+def clone(adapter: Adapter) -> Adapter:
+    """A copy of `adapter` whose block can be trained without touching the original's."""
+    block = copy.deepcopy(adapter.block)
+    _freeze(block)
+    return Adapter(adapter.kind, adapter.layer, block, dict(adapter.meta), adapter.vocab)
 
 
 def _freeze(block: nn.Module) -> None:
@@ -103,15 +112,22 @@ def _freeze(block: nn.Module) -> None:
             mod.freeze()
 
 
-def prefix_hidden(model: nn.Module, ids: mx.array, layer: int) -> tuple[mx.array, mx.array]:
-    """The target over whole sequences: (B, T) ids -> hidden states at `layer` and after the
-    last layer, both (B, T, D) (causal; right padding leaves earlier positions unchanged)."""
+def exit_hidden(model: nn.Module, ids: mx.array, layer: int) -> mx.array:
+    """The target's first `layer` layers over whole sequences: (B, T) ids -> (B, T, D), the
+    input of layer `layer` (causal; right padding leaves earlier positions unchanged)."""
     h = model.model.embed_tokens(ids)
     mask = "causal" if ids.shape[1] > 1 else None
-    h_exit = h
-    for i, blk in enumerate(model.model.layers):
-        if i == layer:
-            h_exit = h
+    for blk in model.model.layers[:layer]:
+        h = blk(h, mask)
+    return h
+
+
+def prefix_hidden(model: nn.Module, ids: mx.array, layer: int) -> tuple[mx.array, mx.array]:
+    """The target over whole sequences: (B, T) ids -> hidden states at `layer` and after the
+    last layer, both (B, T, D)."""
+    h_exit = h = exit_hidden(model, ids, layer)
+    mask = "causal" if ids.shape[1] > 1 else None
+    for blk in model.model.layers[layer:]:
         h = blk(h, mask)
     return h_exit, h
 

@@ -78,18 +78,27 @@ def _adapter(engine, arg):
     return [AdapterDrafter(engine.target, engine.cache, engine.engine.adapter)]
 
 
-def stored_adapter(target, name: str, arg: str | None):
+def stored_adapter(target, name: str, arg: str | None, untrained: bool = False):
     """The stored self-drafter a spec uses, loaded once per engine (None when it uses none).
 
     `adapter[:L]` raises AdapterError (a ValueError naming `applespec calibrate`) when no
-    usable one is stored; `auto` takes the best one that loads, else goes without.
+    usable one is stored, unless `untrained` (online learning) and L is given: then an
+    untrained adapter at L (a copy of layer L) starts; `auto` takes the best one that
+    loads, else goes without.
     """
     if name not in ("adapter", "auto"):
         return None
     from ..adapters.store import AdapterError, best
 
     if name == "adapter":
-        return best(target, int(arg) if arg else None)
+        try:
+            return best(target, int(arg) if arg else None)
+        except AdapterError:
+            if not (untrained and arg):
+                raise
+        from ..adapters.block import new_adapter
+
+        return new_adapter(target.model, int(arg))
     try:
         return best(target)
     except AdapterError:

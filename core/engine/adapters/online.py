@@ -1,0 +1,300 @@
+"""Online learning: the serving early-exit adapter improves while a job runs.
+
+Every finished row hands the learner its prompt and answer: the target's own output on
+exactly the job's distribution, free to collect. Between batch steps, within a bounded
+share of wall time (`share`), the learner does one unit of work at a time:
+
+- new examples run once through the target's first L layers (their exit states);
+- a *candidate* copy of the serving block trains on them, one minibatch per turn, with the
+  answer's tokens as targets (cross-entropy; a greedy answer's tokens are the target's
+  argmax, what a greedy row accepts; a sampled answer's are draws from the target's
+  distribution, whose expected gradient is the KL's), scored over the tokens the training
+  answers hold (the head is most of a step's cost; the answer's token is always there);
+- every `eval_every` steps the candidate and the serving block are measured on the same
+  held-out slice of the job (the rows of one prompt in `held_every`, by a hash of the
+  prompt, so a prompt the job repeats is never on both sides; never trained on) and the
+  candidate's weights replace the serving block's only when it agrees with the target on
+  more held-out positions. A worse version is never swapped in.
+
+The target stays frozen and only the drafter's weights change between steps, so output
+stays lossless: the verify step decides every token. `version` counts the swaps; `history`
+records every evaluation (what a user sees climb).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from .block import Adapter, clone, draft_hidden, exit_hidden
+from .training import _chunks, _head
+
+SHARE = 0.10  # the default bound on the share of wall time spent learning
+
+
+@dataclass
+class Sample:
+    """One finished row, ready to train on: its exit states and the answer it gave."""
+
+    exit: mx.array  # (T, D): the input of layer L at every position but the last
+    start: int  # the position whose next token is the answer's first
+    targets: mx.array  # (A,) int32: the answer's tokens
+
+    @property
+    def n(self) -> int:
+        return self.targets.size
+
+
+class OnlineLearner:
+    """Trains the serving adapter of an engine on the rows it finishes (module docstring).
+
+    Args:
+        model: the frozen target (an mlx-lm model).
+        adapter: the serving adapter; its block's weights are replaced on each swap.
+        share: at most this share of the wall time since the first row finished is spent
+            here (one unit of work may overshoot it by that unit).
+        held_every: one prompt in n (by a hash of its tokens) is held out for evaluation.
+        held_max / buffer_tokens: the held-out rows kept (the latest) and the tokens of
+            training rows kept (the oldest dropped first).
+        batch_tokens: padded tokens per training minibatch.
+        eval_every: training steps between evaluations.
+        clock: seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        adapter: Adapter,
+        share: float = SHARE,
+        held_every: int = 5,
+        held_max: int = 24,
+        buffer_tokens: int = 65_536,
+        batch_tokens: int = 1024,
+        lr: float = 1e-3,
+        warmup: int = 5,
+        eval_every: int = 10,
+        seed: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if not 0 < share <= 1:
+            raise ValueError(f"the learning share must be in (0, 1], got {share}")
+        self.model, self.serving = model, adapter
+        self.candidate = clone(adapter)
+        # Trained in float32 whatever the target runs in (a GPU keeps float16 activations:
+        # Adam's second moments underflow there and nothing is learned); cast back on a swap.
+        self.candidate.block.set_dtype(mx.float32)
+        self.share, self.held_every, self.eval_every = share, held_every, eval_every
+        self.batch_tokens, self.buffer_tokens, self.clock = batch_tokens, buffer_tokens, clock
+        self.version = int(adapter.meta.get("version", 0))
+        self.history: list[dict] = []
+        self.rows = 0  # finished rows observed
+        self.trained = 0  # training positions seen
+        self.steps = 0
+        self.spent = 0.0  # seconds spent learning
+        self._t0: float | None = None
+        self._new: deque[tuple[list[int], list[int], bool]] = deque()  # not yet featurized
+        self._train: deque[Sample] = deque()
+        self._held: deque[Sample] = deque(maxlen=held_max)
+        self._rng = np.random.default_rng(seed)
+        schedule = optim.join_schedules(
+            [optim.linear_schedule(lr * 0.01, lr, warmup), lambda _: lr], [warmup]
+        )
+        self._opt = optim.Adam(learning_rate=schedule)
+        self._step = nn.value_and_grad(self.candidate.block, self._loss)
+        # The loss scores the answers' own tokens only (those any training answer holds, or
+        # a reduced-vocabulary adapter's): the head is most of a step's cost, and the
+        # target's token is always among them. Evaluation drafts with the whole head.
+        self._tokens: set[int] = set()
+        self._view: tuple[Adapter, np.ndarray] | None = None  # (candidate over them, index)
+
+    # -- what the engine calls ----------------------------------------------------------
+
+    def observe(self, prompt: list[int], answer: list[int]) -> None:
+        """A finished row: its prompt and the tokens it emitted."""
+        if not answer or not prompt:
+            return
+        if self._t0 is None:
+            self._t0 = self.clock()
+        self.rows += 1
+        # Held out by prompt: a prompt the job repeats lands on the same side every time.
+        held = zlib.crc32(np.asarray(prompt, np.int32).tobytes()) % self.held_every == 0
+        self._new.append((list(prompt), list(answer), held))
+
+    def tick(self) -> bool:
+        """One unit of work when the time budget allows; whether it did one."""
+        if self._t0 is None or self.spent > self.share * (self.clock() - self._t0):
+            return False
+        t = self.clock()
+        try:
+            return self.work()
+        finally:
+            self.spent += self.clock() - t
+
+    def work(self) -> bool:
+        """One unit of work regardless of the budget: featurize new rows, else a training
+        step (and an evaluation every `eval_every` steps); whether there was any."""
+        if self._new:
+            self._featurize()
+            return True
+        if not self._train:
+            return False
+        self._train_step()
+        if self.steps % self.eval_every == 0 and self._held:
+            self.evaluate()
+        return True
+
+    def evaluate(self) -> dict:
+        """Candidate against serving on the held-out rows; swaps when the candidate agrees
+        with the target on more positions. The history entry."""
+        held = list(self._held)
+        cand, serving = self.agreement(self.candidate, held), self.agreement(self.serving, held)
+        swapped = cand > serving
+        if swapped:
+            dtypes = {k: v.dtype for k, v in tree_flatten(self.serving.block.parameters())}
+            new = [
+                (k, v.astype(dtypes[k])) for k, v in tree_flatten(self.candidate.block.parameters())
+            ]
+            self.serving.block.update(tree_unflatten(new))
+            self.version += 1
+            self.serving.meta.update(version=self.version, agreement=cand, online=True)
+        entry = {
+            "rows": self.rows,
+            "trained_positions": self.trained,
+            "steps": self.steps,
+            "held_out_positions": sum(s.n for s in held),
+            "candidate": round(cand, 4),
+            "serving": round(cand if swapped else serving, 4),
+            "was_serving": round(serving, 4),
+            "version": self.version,
+            "swapped": swapped,
+            "spent_s": round(self.spent, 3),
+        }
+        self.history.append(entry)
+        return entry
+
+    def agreement(self, adapter: Adapter, samples: list[Sample]) -> float:
+        """The share of `samples`' answer positions where `adapter` drafts the answer's token."""
+        agree = n = 0
+        for group in _chunks(samples, self.batch_tokens * 2):
+            x, idx, y = self._pack(group)
+            drafted = _head(self.model, adapter, self._hidden(adapter, x, idx)).argmax(-1)
+            if adapter.vocab is not None:
+                drafted = adapter.vocab[drafted]
+            hits = (drafted == y).sum()
+            mx.eval(hits)
+            agree += hits.item()
+            n += y.size
+        return agree / n if n else 0.0
+
+    def stats(self) -> dict:
+        """What a job's metrics show: version, rows, positions trained, time spent and the
+        latest held-out agreement."""
+        last = self.history[-1] if self.history else {}
+        return {
+            "version": self.version,
+            "rows": self.rows,
+            "trained_positions": self.trained,
+            "spent_s": round(self.spent, 3),
+            "held_out_agreement": last.get("serving"),
+        }
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _featurize(self) -> None:
+        """The oldest new rows (up to a minibatch of tokens) through the first L layers."""
+        batch = [self._new.popleft()]
+        while self._new and _padded(batch + [self._new[0]]) <= self.batch_tokens * 2:
+            batch.append(self._new.popleft())
+        T = max(len(p) + len(a) - 1 for p, a, _ in batch)
+        ids = np.zeros((len(batch), T), np.int32)
+        for r, (p, a, _) in enumerate(batch):
+            seq = (p + a)[:-1]  # the last token's next one is not known
+            ids[r, : len(seq)] = seq
+        h = exit_hidden(self.model, mx.array(ids), self.serving.layer)
+        for r, (p, a, held) in enumerate(batch):
+            sample = Sample(h[r, : len(p) + len(a) - 1], len(p) - 1, mx.array(a, mx.int32))
+            mx.eval(sample.exit)
+            if held:
+                self._held.append(sample)
+            else:
+                self._train.append(sample)
+                if not self._tokens.issuperset(a):
+                    self._tokens.update(a)
+                    self._view = None
+        while sum(s.exit.shape[0] for s in self._train) > self.buffer_tokens:
+            self._train.popleft()
+
+    def _train_step(self) -> None:
+        order = self._rng.permutation(len(self._train))
+        group, longest = [], 0
+        for i in order:
+            s = self._train[i]
+            longest2 = max(longest, s.exit.shape[0])
+            if group and longest2 * (len(group) + 1) > self.batch_tokens:
+                break
+            group.append(s)
+            longest = longest2
+        x, idx, y = self._pack(group)
+        view, index = self._loss_view()
+        y = mx.array(index)[y]
+        loss, grads = self._step(view, x, idx, y)
+        self._opt.update(self.candidate.block, grads)
+        mx.eval(self.candidate.block.parameters(), self._opt.state, loss)
+        self.steps += 1
+        self.trained += y.size
+
+    def _loss_view(self) -> tuple[Adapter, np.ndarray]:
+        """The candidate scored over the answers' tokens, and token id -> index there (-1)."""
+        if self._view is None:
+            V = self.model.model.embed_tokens.weight.shape[0]
+            vocab = self.serving.vocab
+            head = getattr(self.model, "lm_head", None)
+            if vocab is None and head is not None and hasattr(head, "scales"):
+                index = np.arange(V, dtype=np.int32)  # a quantized untied head: all of it
+            else:
+                if vocab is None:
+                    vocab = mx.array(sorted(self._tokens), mx.int32)
+                index = np.full(V, -1, np.int32)
+                index[np.array(vocab)] = np.arange(vocab.size, dtype=np.int32)
+            c = self.candidate
+            self._view = Adapter(c.kind, c.layer, c.block, c.meta, vocab), index
+        return self._view
+
+    def _loss(self, view: Adapter, x, idx, y):
+        logits = _head(self.model, view, self._hidden(view, x, idx)).astype(mx.float32)
+        keep = y >= 0
+        ce = nn.losses.cross_entropy(logits, mx.maximum(y, 0))
+        return (ce * keep).sum() / mx.maximum(keep.sum(), 1)
+
+    def _hidden(self, adapter: Adapter, x: mx.array, idx: mx.array) -> mx.array:
+        """(B, T, D) exit states -> (M, D) block outputs at the flat positions `idx`."""
+        h = draft_hidden(adapter, x)
+        return h.reshape(-1, h.shape[-1])[idx]
+
+    def _pack(self, samples: list[Sample]) -> tuple[mx.array, mx.array, mx.array]:
+        """Right-padded (B, T, D) exit states, the (M,) flat indices of the answer positions
+        and their (M,) answer tokens."""
+        T = max(s.exit.shape[0] for s in samples)
+        D = samples[0].exit.shape[1]
+        xs, flat = [], []
+        for r, s in enumerate(samples):
+            x = s.exit
+            if x.shape[0] < T:
+                x = mx.concatenate([x, mx.zeros((T - x.shape[0], D), x.dtype)])
+            xs.append(x)
+            flat.append(r * T + s.start + np.arange(s.n))
+        y = mx.concatenate([s.targets for s in samples])
+        return mx.stack(xs), mx.array(np.concatenate(flat).astype(np.int32)), y
+
+
+def _padded(rows: list[tuple[list[int], list[int], bool]]) -> int:
+    return len(rows) * max(len(p) + len(a) for p, a, _ in rows)

@@ -1,0 +1,118 @@
+"""Online learning of the self-drafter (adapters/online.py) on tiny float32 models: output
+stays plain greedy while versions are swapped in, later rows of a repetitive job accept
+more than its first rows, a worse version is never swapped in, and learning keeps to its
+share of the time."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+
+from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.adapters import AdapterError, new_adapter
+from core.engine.adapters.online import OnlineLearner
+from core.engine.tiny import tiny_model
+
+FLAT = CostSurface.flat()
+WORDS = ["red", "blue", "green", "big", "small", "old", "new", "fast"]
+THINGS = ["car", "cat", "cup", "tree", "road", "book", "lamp", "door"]
+JOB = [f"Label {i}: the {WORDS[i % 8]} {THINGS[(i * 3) % 8]}, number {i}." for i in range(48)]
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))  # nothing stored: starts untrained
+    return tmp_path
+
+
+def _acceptance(results) -> float:
+    drafted = sum(r.speculative["draft_tokens"] for r in results)
+    return sum(r.speculative["accepted_tokens"] for r in results) / max(drafted, 1)
+
+
+@pytest.mark.parametrize("weights", ["float32", "float16-quantized"])
+def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, make_tiny):
+    """`float16-quantized` is what a GPU worker runs (GGUF weights kept quantized, float16
+    activations): the block trains in float32 there, or Adam learns nothing."""
+    target = make_tiny(3)
+    if weights != "float32":
+        model = tiny_model(3)
+        model.update(tree_map(lambda a: a.astype(mx.float16), model.parameters()))
+        nn.quantize(model, group_size=32, bits=8)
+        target = LoadedModel("tiny-3", model, target.tokenizer, 4096)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in JOB]
+    plain = Engine(target, draft="none", surface=FLAT, batch_size=4).generate_many(reqs)
+    eng = Engine(
+        target, draft="adapter:1", k=3, surface=FLAT, batch_size=4, step_modes=False, learn=1.0
+    )
+    done = []
+    got = eng.generate_many(reqs, on_result=done.append)
+    assert [r.tokens for r in got] == [r.tokens for r in plain]
+    learner = eng.learner
+    assert learner.version >= 1 and learner.history
+    assert all(h["serving"] >= h["was_serving"] for h in learner.history)
+    versions = [r.speculative["adapter_version"] for r in done]  # in the order rows finished
+    assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == learner.version
+    first, last = _acceptance(done[:12]), _acceptance(done[-12:])
+    assert last > first + 0.1, (first, last)
+
+
+def test_a_worse_version_is_never_swapped_in(make_tiny):
+    target = make_tiny(3)
+    eng = Engine(target, draft="none", surface=FLAT, batch_size=4)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in JOB[:20]]
+    learner = OnlineLearner(target.model, new_adapter(target.model, 1), share=1.0, eval_every=4)
+    for (p, _), r in zip(reqs, eng.generate_many(reqs), strict=True):
+        learner.observe(p, r.tokens)
+    while learner.work() and learner.version == 0:
+        pass
+    assert learner.version == 1
+    before = {k: np.array(v) for k, v in tree_flatten(learner.serving.block.parameters())}
+    # A candidate made worse than what serves: noise over its trained weights.
+    noisy = {
+        k: v + 3.0 * mx.random.normal(v.shape, key=mx.random.key(1))
+        for k, v in tree_flatten(learner.candidate.block.trainable_parameters())
+    }
+    learner.candidate.block.update(tree_unflatten(noisy))
+    entry = learner.evaluate()
+    assert not entry["swapped"] and entry["candidate"] < entry["was_serving"]
+    assert learner.version == 1
+    after = dict(tree_flatten(learner.serving.block.parameters()))
+    assert all(np.array_equal(before[k], np.array(after[k])) for k in before)
+
+
+def test_learning_keeps_to_its_share_of_the_wall_time(make_tiny):
+    target = make_tiny(3)
+    now = [0.0]
+    learner = OnlineLearner(target.model, new_adapter(target.model, 1), share=0.1)
+    learner.clock = lambda: now[0]
+    assert not learner.tick()  # nothing observed yet
+    learner.observe(target.encode_prompt(JOB[0]), [5, 6, 7, 8])
+    learner.observe(target.encode_prompt(JOB[1]), [5, 6, 9])
+
+    def work():  # each unit of work takes 5 s on this clock
+        now[0] += 5.0
+        return True
+
+    learner.work = work
+    now[0] = 10.0
+    assert learner.tick() and learner.spent == 5.0  # 0 spent of a 1 s budget: one unit
+    now[0] = 20.0
+    assert not learner.tick()  # 5 s spent > 10% of 20 s
+    now[0] = 50.0
+    assert learner.tick()  # 5 s <= 10% of 50 s
+    assert learner.spent == 10.0
+
+
+def test_bad_learning_settings_are_refused(make_tiny):
+    target = make_tiny(3)
+    with pytest.raises(ValueError, match="learning share"):
+        Engine(target, draft="adapter:1", surface=FLAT, learn=1.5)
+    with pytest.raises(ValueError, match="learning share"):
+        OnlineLearner(target.model, new_adapter(target.model, 1), share=0)
+    # Without a layer there is nothing to start from: the calibrate hint, as without learning.
+    with pytest.raises(AdapterError, match="applespec calibrate"):
+        Engine(target, draft="adapter", surface=FLAT, learn=0.1)
+    with pytest.raises(AdapterError, match="applespec calibrate"):
+        Engine(target, draft="adapter:1", surface=FLAT)  # no learning: a stored one is needed
