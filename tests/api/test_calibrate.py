@@ -103,12 +103,17 @@ def test_one_distinct_prompt_is_not_enough(tmp_path):
 
 
 def test_draft_adapter_without_one_names_calibrate(tmp_path):
+    """With online learning off, `adapter:L` needs a stored adapter; `adapter` (no layer)
+    always does. With learning on (the default), `adapter:L` starts untrained and runs."""
     job = write_job(tmp_path / "job.jsonl", LINES[:2])
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(
-        cli, ["run", job, "-o", str(out), "--model", "tiny-random", "--draft", "adapter:2"]
-    )
-    _one_line_error(result, "applespec calibrate")
+    run = ["run", job, "-o", str(out), "--model", "tiny-random"]
+    off = CliRunner(env={"APPLESPEC_LEARN_SHARE": "0"})
+    _one_line_error(off.invoke(cli, [*run, "--draft", "adapter:2"]), "applespec calibrate")
+    _one_line_error(CliRunner().invoke(cli, [*run, "--draft", "adapter"]), "applespec calibrate")
+    learning = CliRunner().invoke(cli, [*run, "--draft", "adapter:2"])
+    assert learning.exit_code == 0, learning.output
+    assert len(out.read_text().splitlines()) == 2
 
 
 def test_answers_are_kept_and_reused(tmp_path):
