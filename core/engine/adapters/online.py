@@ -36,7 +36,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from .block import Adapter, clone, draft_hidden, exit_hidden
-from .training import _chunks, _head
+from .training import _chunks, _head, pad_exits
 
 SHARE = 0.10  # the default bound on the share of wall time spent learning
 
@@ -234,16 +234,8 @@ class OnlineLearner:
             self._train.popleft()
 
     def _train_step(self) -> None:
-        order = self._rng.permutation(len(self._train))
-        group, longest = [], 0
-        for i in order:
-            s = self._train[i]
-            longest2 = max(longest, s.exit.shape[0])
-            if group and longest2 * (len(group) + 1) > self.batch_tokens:
-                break
-            group.append(s)
-            longest = longest2
-        x, idx, y = self._pack(group)
+        shuffled = [self._train[i] for i in self._rng.permutation(len(self._train))]
+        x, idx, y = self._pack(_chunks(shuffled, self.batch_tokens)[0])
         view, index = self._loss_view()
         y = mx.array(index)[y]
         loss, grads = self._step(view, x, idx, y)
@@ -283,17 +275,8 @@ class OnlineLearner:
     def _pack(self, samples: list[Sample]) -> tuple[mx.array, mx.array, mx.array]:
         """Right-padded (B, T, D) exit states, the (M,) flat indices of the answer positions
         and their (M,) answer tokens."""
-        T = max(s.exit.shape[0] for s in samples)
-        D = samples[0].exit.shape[1]
-        xs, flat = [], []
-        for r, s in enumerate(samples):
-            x = s.exit
-            if x.shape[0] < T:
-                x = mx.concatenate([x, mx.zeros((T - x.shape[0], D), x.dtype)])
-            xs.append(x)
-            flat.append(r * T + s.start + np.arange(s.n))
-        y = mx.concatenate([s.targets for s in samples])
-        return mx.stack(xs), mx.array(np.concatenate(flat).astype(np.int32)), y
+        x, idx = pad_exits(samples)
+        return x, idx, mx.concatenate([s.targets for s in samples])
 
 
 def _padded(rows: list[tuple[list[int], list[int], bool]]) -> int:

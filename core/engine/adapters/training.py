@@ -72,20 +72,26 @@ class TrainResult:
     tokens: int = 0
 
 
-def _batch(feats: list[Features]) -> tuple[mx.array, mx.array, mx.array]:
-    """Right-padded (B, T, D) exit states, the (M, D) final states at the answer positions
-    and the (M,) flat indices of those positions in (B * T)."""
-    T = max(f.exit.shape[0] for f in feats)
-    D = feats[0].exit.shape[1]
+def pad_exits(items: list) -> tuple[mx.array, mx.array]:
+    """Right-padded (B, T, D) exit states of `items` (each with `.exit` (T, D), `.start` and
+    `.n`) and the (M,) flat indices in (B * T) of their `n` positions from `start`."""
+    T = max(f.exit.shape[0] for f in items)
+    D = items[0].exit.shape[1]
     xs, flat = [], []
-    for r, f in enumerate(feats):
+    for r, f in enumerate(items):
         x = f.exit
         if x.shape[0] < T:
             x = mx.concatenate([x, mx.zeros((T - x.shape[0], D), x.dtype)])
         xs.append(x)
         flat.append(r * T + f.start + np.arange(f.n))
-    final = mx.concatenate([f.final for f in feats])
-    return mx.stack(xs), final, mx.array(np.concatenate(flat).astype(np.int32))
+    return mx.stack(xs), mx.array(np.concatenate(flat).astype(np.int32))
+
+
+def _batch(feats: list[Features]) -> tuple[mx.array, mx.array, mx.array]:
+    """Right-padded (B, T, D) exit states, the (M, D) final states at the answer positions
+    and the (M,) flat indices of those positions in (B * T)."""
+    x, idx = pad_exits(feats)
+    return x, mx.concatenate([f.final for f in feats]), idx
 
 
 def _logits(model: nn.Module, adapter: Adapter, x: mx.array, idx: mx.array) -> mx.array:
