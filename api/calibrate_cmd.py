@@ -48,9 +48,10 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
 )
 @click.option(
     "--exit-layer",
-    type=int,
+    "exit_layers",
     help="L: the target's first L layers run before the trained block (default: a fifth "
-    "of the layers).",
+    "of the layers); several (4,6,8) train one adapter each on the same answers and report "
+    "which promises the most speedup (`--draft adapter` takes that one).",
 )
 @click.option(
     "--tokens",
@@ -95,7 +96,7 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
 def calibrate_cmd(
     model,
     data,
-    exit_layer,
+    exit_layers,
     tokens,
     held_out,
     samples,
@@ -132,10 +133,7 @@ def calibrate_cmd(
         target = load_model(model)
     except ModelError as e:  # one line, even when the hub's own message has several
         raise click.ClickException(" ".join(str(e).split())) from e
-    n = target.num_layers
-    layer = exit_layer if exit_layer is not None else max(1, n // 5)
-    if not 0 < layer < n:
-        raise click.ClickException(f"--exit-layer must be between 1 and {n - 1}, got {layer}")
+    layers = _layers(exit_layers, target.num_layers)
     requests = _requests(data, model, target, settings)
     prompts = [prompt_tokens(target, r) for r in requests]
     caps = [max_tokens or generation_params(r).max_tokens for r in requests]
@@ -160,20 +158,33 @@ def calibrate_cmd(
         if done >= total:
             bar.__exit__(None, None, None)
 
+    from core.engine.costs import load_kept
+
+    surface = load_kept(target.model, target.weight_format)
+    verify_cost = None if surface is None else (lambda w: surface.relative(1, w))
+    memo: dict = {}
+    reports = []
     try:
-        report = calibrate(
-            target,
-            prompts,
-            layer,
-            max_tokens=caps,
-            config=cfg,
-            held_out=held_out,
-            samples=samples,
-            store=not no_save,
-            answers=Path(answers) if answers else None,
-            draft_vocab=draft_vocab,
-            progress=progress,
-        )
+        for layer in layers:
+            shown.clear()
+            reports.append(
+                calibrate(
+                    target,
+                    prompts,
+                    layer,
+                    max_tokens=caps,
+                    config=cfg,
+                    held_out=held_out,
+                    samples=samples,
+                    store=not no_save,
+                    answers=Path(answers) if answers else None,
+                    draft_vocab=draft_vocab,
+                    progress=progress,
+                    verify_cost=verify_cost,
+                    memo=memo,
+                )
+            )
+            bars.pop("train", None)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     except OSError as e:  # the answers file
@@ -182,9 +193,45 @@ def calibrate_cmd(
         for bar in bars.values():
             if not bar.finished:
                 bar.__exit__(None, None, None)
+    chosen = max(reports, key=lambda r: (r.speedup, r.after))
+    priced = "this machine's verify costs at batch 1" if surface else "verify width free"
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        if len(reports) == 1:
+            click.echo(json.dumps(reports[0].to_json(), indent=2))
+        else:
+            out = {"layers": [r.to_json() for r in reports], "chosen": chosen.layer}
+            click.echo(json.dumps({**out, "priced_at": priced}, indent=2))
         return
+    for report in reports:
+        _print(report)
+    if len(reports) > 1:
+        click.echo(f"by layer ({priced}):")
+        for r in reports:
+            click.echo(
+                f"  L{r.layer:<3} agreement {r.after:.3f}  draft token {r.draft_share:.1%} of "
+                f"the model  -> k {r.draft_length}, {r.speedup:.2f}x"
+            )
+        click.echo(f"chosen: layer {chosen.layer} (`--draft adapter` takes it)")
+
+
+def _layers(spec: str | None, n: int) -> list[int]:
+    """`--exit-layer 6` or `4,6,8` -> the layers (default: a fifth of the model's)."""
+    if spec is None:
+        return [max(1, n // 5)]
+    try:
+        layers = [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise click.ClickException(
+            f"--exit-layer takes a layer or a comma-separated list (4,6,8), got {spec!r}"
+        ) from None
+    for layer in layers:
+        if not 0 < layer < n:
+            raise click.ClickException(f"--exit-layer must be between 1 and {n - 1}, got {layer}")
+    return sorted(set(layers))
+
+
+def _print(report) -> None:
+    layer = report.layer
     click.echo(
         f"{report.model}: early-exit adapter at layer {layer}, {report.params:,} trained "
         f"parameters ({report.params_share:.1%} of the model)"

@@ -34,7 +34,7 @@ from mlx_lm.generate import generation_stream
 from . import drafters as registry
 from .acceptance import walk
 from .cache import BatchKVCache
-from .costs import CostSurface, load_or_measure
+from .costs import CostSurface, load_kept, load_or_measure
 from .draft_length import (
     K_INIT,
     K_MAX,
@@ -87,6 +87,18 @@ def parse_draft_spec(spec: str) -> tuple[str, str | None]:
     """`early-exit:8` -> ("early-exit", "8"). Raises ValueError naming the valid forms."""
     entry, arg = registry.parse(spec)
     return entry.name, arg
+
+
+def _verify_cost(target: LoadedModel, surface: CostSurface | None, batch_size: int | None):
+    """A verify step's cost by width (tokens per row), in plain steps, at the rows the
+    engine will run, from its surface or the one kept for this machine; None (width free)
+    when neither is known yet: the surface is measured at the first batch, after the stored
+    adapter is chosen."""
+    surf = surface or load_kept(target.model, target.weight_format)
+    if surf is None:
+        return None
+    rows = batch_size or surf.best_batch(DEFAULT_BATCH_LIMIT)
+    return lambda width: surf.relative(rows, rows * width)
 
 
 class Engine:
@@ -155,7 +167,9 @@ class Engine:
             if not 0 < int(arg) < n:
                 raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
         # A stored self-drafter (`adapter`; `auto` when one is stored), loaded once.
-        self.adapter = registry.stored_adapter(target, entry.name, arg, untrained=learn > 0)
+        self.adapter = registry.stored_adapter(
+            target, entry.name, arg, learn > 0, _verify_cost(target, surface, batch_size)
+        )
         self.learner = None
         if self.adapter is not None and learn > 0:
             from .adapters.online import OnlineLearner

@@ -85,7 +85,7 @@ def test_malformed_data_file(tmp_path):
     _one_line_error(_calibrate("--data", job), "line 4", "bad.jsonl")
 
 
-@pytest.mark.parametrize("layer", ["0", "4", "-1"])
+@pytest.mark.parametrize("layer", ["0", "4", "-1", "2,4"])
 def test_exit_layer_out_of_range(tmp_path, layer):
     job = write_job(tmp_path / "job.jsonl", LINES)
     _one_line_error(_calibrate("--data", job, "--exit-layer", layer), "between 1 and 3")
@@ -114,6 +114,32 @@ def test_draft_adapter_without_one_names_calibrate(tmp_path):
     learning = CliRunner().invoke(cli, [*run, "--draft", "adapter:2"])
     assert learning.exit_code == 0, learning.output
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_several_layers_answer_once_and_the_choice_is_the_promise(tmp_path, home):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    args = ["--data", job, "--exit-layer", "1,2", "--tokens", "600", "--max-tokens", "8"]
+    result = _calibrate(*args, "--samples", "0", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    by_layer = {r["layer"]: r for r in report["layers"]}
+    assert set(by_layer) == {1, 2}
+    assert "answers_s" in by_layer[1]["seconds"] and "answers_reused_s" in by_layer[2]["seconds"]
+    assert by_layer[1]["draft_share"] < by_layer[2]["draft_share"]
+    best = max(report["layers"], key=lambda r: (r["speedup"], r["after"]))
+    assert report["chosen"] == best["layer"]
+    assert len(list(home.glob("adapters/*/early-exit-L*.safetensors"))) == 2
+
+    from core.engine import load_model
+    from core.engine.adapters.store import best as best_stored
+
+    assert best_stored(load_model("tiny-random")).layer == report["chosen"]
+
+
+@pytest.mark.parametrize("spec", ["2,x", "two", "1,,2"])
+def test_exit_layer_list_that_is_not_numbers(tmp_path, spec):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    _one_line_error(_calibrate("--data", job, "--exit-layer", spec), "comma-separated")
 
 
 def test_answers_are_kept_and_reused(tmp_path):

@@ -25,7 +25,8 @@ from core.engine.adapters import (
     train,
 )
 from core.engine.adapters.block import draft_hidden, prefix_hidden, target_size
-from core.engine.adapters.store import adapters_dir
+from core.engine.adapters.store import adapters_dir, promise
+from core.engine.draft_length import best_length, expected_tokens
 from core.engine.scorer import head
 from tests.engine.conftest import store_adapter
 
@@ -119,6 +120,31 @@ def test_store_round_trip_and_the_best_is_chosen(make_tiny):
     assert [m["agreement"] for m, _ in stored(target, 2)] == [0.6, 0.2]
     assert best(target, 2).agreement == pytest.approx(0.6)
     assert best(target).layer == 1  # the best of any layer
+
+
+def test_the_best_adapter_is_the_one_that_promises_the_most_speedup(make_tiny):
+    """A deeper layer that agrees a little more costs more per draft token: the choice is
+    the measured promise (agreement against draft and verify cost), not the agreement."""
+    target = make_tiny(0)
+    save(target, new_adapter(target.model, 1), {"agreement": 0.7})
+    save(target, new_adapter(target.model, 2), {"agreement": 0.75})
+    k1, s1 = promise(target, {"layer": 1, "agreement": 0.7})
+    k2, s2 = promise(target, {"layer": 2, "agreement": 0.75})
+    assert s1 > s2 > 1.0 and k1 >= k2 >= 1
+    assert best(target).layer == 1
+    # Where verifying costs what its width does (a compute-bound step), neither pays.
+    assert promise(target, {"layer": 1, "agreement": 0.7}, lambda w: float(w)) == (0, 1.0)
+    # Then the higher agreement decides.
+    assert best(target, verify_cost=lambda w: float(w)).layer == 2
+    assert promise(target, {"layer": 9, "agreement": 0.9}) == (0, 0.0)  # not this model's
+
+
+def test_best_length_against_the_formula():
+    assert best_length(0.0, 0.1) == (0, 1.0)
+    k, s = best_length(0.8, 0.1)
+    assert k >= 2
+    assert s == pytest.approx(max(expected_tokens(j, 0.8) / (1 + 0.1 * j) for j in range(1, 17)))
+    assert best_length(0.8, 0.1, lambda w: 1 + 0.5 * (w - 1))[0] < k  # width costs: shorter
 
 
 def test_corrupt_file_is_refused_with_a_clear_error(make_tiny):

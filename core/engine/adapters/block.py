@@ -164,15 +164,16 @@ def draft_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
     return full
 
 
-def weight_share(model: nn.Module, adapter: Adapter) -> float:
-    """The share of the target's weights one draft token reads (layers [0, L), the block,
-    the head or its reduced rows), counting the block as the size of a target layer."""
+def weight_share(model: nn.Module, layer: int, vocab_size: int | None = None) -> float:
+    """The share of the target's weights one draft token of an adapter at `layer` reads
+    (layers [0, L), the block, the head or its `vocab_size` reduced rows), counting the block
+    as the size of a target layer."""
     total = _count(model)
-    part = sum(_count(b) for b in model.model.layers[: adapter.layer + 1])
+    part = sum(_count(b) for b in model.model.layers[: layer + 1])
     emb = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
     rows = _count(emb)
-    if adapter.vocab is not None:
-        rows = rows * adapter.vocab.size / model.model.embed_tokens.weight.shape[0]
+    if vocab_size is not None:
+        rows = rows * vocab_size / model.model.embed_tokens.weight.shape[0]
     return (part + rows) / total
 
 

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..model import LoadedModel
-from .block import new_adapter, target_size
+from .block import new_adapter, target_size, weight_share
 from .data import answer, answer_cached, features, features_cached, split, top_tokens
-from .store import model_key, save
+from .store import model_key, promise, save
 from .training import TrainConfig, evaluate, train
 
 
@@ -34,6 +34,10 @@ class Calibration:
             adapter's agreements are then through it.
         curve: [(training positions seen, agreement)].
         path: where the adapter was stored (None: not stored).
+        draft_share: the share of the target's weights one draft token reads.
+        draft_length, speedup: what `after` promises (store.promise): the draft length
+            that pays most and its expected speedup over plain steps, at the verify cost
+            the caller gave (default: width free, an accelerator at batch 1).
     """
 
     model: str
@@ -54,6 +58,9 @@ class Calibration:
     seconds: dict[str, float] = field(default_factory=dict)
     draft_vocab: int | None = None
     path: str | None = None
+    draft_share: float = 0.0
+    draft_length: int = 0
+    speedup: float = 1.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -75,13 +82,17 @@ def calibrate(
     answers: Path | None = None,
     draft_vocab: int = 0,
     progress: Progress = lambda phase, done, total: None,
+    verify_cost: Callable[[int], float] | None = None,
+    memo: dict | None = None,
 ) -> Calibration:
     """Train, measure and (with `store`) keep an early-exit adapter at `layer`. With
     `answers`, the target's answers are kept in that file (and their features at the layer
     beside it, `<answers>.L<layer>.safetensors`) and reused by a later run on the same model,
     prompts and settings (answering and the features are most of a short calibration). With
     `draft_vocab`, the draft head scores only that many tokens the training answers
-    hold most (a cheaper draft token, and cheaper training).
+    hold most (a cheaper draft token, and cheaper training). `verify_cost` prices the
+    adapter's promise (store.promise). `memo`, a dict the caller keeps, holds the answers
+    between calls on the same prompts (calibrating several layers answers once).
 
     Raises:
         ValueError: a layer out of range, or fewer than two distinct prompts.
@@ -125,7 +136,13 @@ def calibrate(
         "temperature": temperature,
         "seed": cfg.seed,
     }
-    examples, reused = answer_cached(answers, key, make)
+    memo_key = repr(sorted(key.items()))
+    if memo is not None and memo_key in memo:
+        examples, reused = memo[memo_key], True
+    else:
+        examples, reused = answer_cached(answers, key, make)
+        if memo is not None:
+            memo[memo_key] = examples
     n_train = len(train_p) * (1 + samples)
     train_ex, held_ex = examples[:n_train], examples[n_train:]
     times["answers_s" if not reused else "answers_reused_s"] = time.perf_counter() - t0
@@ -172,6 +189,9 @@ def calibrate(
         seconds={k: round(v, 2) for k, v in times.items()},
         draft_vocab=None if adapter.vocab is None else int(adapter.vocab.size),
     )
+    report.draft_share = weight_share(target.model, layer, report.draft_vocab)
+    meta = {"layer": layer, "agreement": result.after, "vocab_size": report.draft_vocab}
+    report.draft_length, report.speedup = promise(target, meta, verify_cost)
     if store:
         meta = {
             "agreement": result.after,

@@ -3,7 +3,10 @@
 One file per calibration, `adapters/<model key>/<kind>-L<layer>-<time>.safetensors`, holding
 the trained weights only (the frozen parts are the target's own) and, in its metadata, the
 model it was trained for, its kind and layer, and its measured held-out agreement. The best
-stored adapter is the one with the highest measured agreement.
+stored adapter is the one whose measured agreement promises the most tokens per unit of time
+(`promise`): a deeper layer agrees more and costs more per draft token, so the choice of L
+comes from measurements (its agreement, the share of the target a draft token runs, and the
+machine's verify-cost surface when the caller has one), not from a fixed rule.
 
 The model key is a fingerprint of the target's shape and of a few of its embedding values,
 so an adapter made for another model (or another checkpoint of the same shape) is refused.
@@ -18,13 +21,15 @@ import hashlib
 import json
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
 
 from ..costs import data_dir
+from ..draft_length import best_length
 from ..model import LoadedModel
-from .block import Adapter, new_adapter
+from .block import Adapter, new_adapter, weight_share
 
 FORMAT = "applespec-adapter/1"
 VOCAB = "draft_vocab"  # the reduced draft vocabulary's token ids, when there is one
@@ -186,11 +191,34 @@ def stored(target: LoadedModel, layer: int | None = None) -> list[tuple[dict, Pa
     return out
 
 
-def best(target: LoadedModel, layer: int | None = None) -> Adapter:
-    """The stored adapter for `target` with the highest measured agreement (at `layer` if
-    given) that loads; raises AdapterError naming `applespec calibrate` when there is none."""
+def promise(
+    target: LoadedModel, meta: dict, verify_cost: Callable[[int], float] | None = None
+) -> tuple[int, float]:
+    """(k, speedup): the draft length that pays most for a stored adapter and the speedup
+    over plain steps it promises, from its measured held-out agreement, the share of the
+    target's weights one of its draft tokens reads, and `verify_cost(w)` (a step verifying w
+    tokens per row, in plain steps; default: free width, an accelerator at batch 1)."""
+    layer = meta.get("layer")
+    if not isinstance(layer, int) or not 0 < layer < target.num_layers:
+        return 0, 0.0
+    share = weight_share(target.model, layer, meta.get("vocab_size"))
+    a = min(max(float(meta.get("agreement", 0.0)), 0.0), 1.0)
+    if verify_cost is None:
+        return best_length(a, share)
+    return best_length(a, share, verify_cost)
+
+
+def best(
+    target: LoadedModel,
+    layer: int | None = None,
+    verify_cost: Callable[[int], float] | None = None,
+) -> Adapter:
+    """The stored adapter for `target` (at `layer` if given) that promises the most speedup
+    (`promise`; the higher agreement breaks ties, as when none pays) and loads; raises
+    AdapterError naming `applespec calibrate` when there is none."""
     errors = []
-    for _, path in stored(target, layer):
+    ranked = sorted(stored(target, layer), key=lambda mp: -promise(target, mp[0], verify_cost)[1])
+    for _, path in ranked:
         try:
             return load(path, target)
         except AdapterError as e:

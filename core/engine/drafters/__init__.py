@@ -78,8 +78,10 @@ def _adapter(engine, arg):
     return [AdapterDrafter(engine.target, engine.cache, engine.engine.adapter)]
 
 
-def stored_adapter(target, name: str, arg: str | None, untrained: bool = False):
-    """The stored self-drafter a spec uses, loaded once per engine (None when it uses none).
+def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, verify_cost=None):
+    """The stored self-drafter a spec uses, loaded once per engine (None when it uses none):
+    of those stored (at layer L when given), the one whose measured agreement promises the
+    most speedup at `verify_cost` (store.promise).
 
     `adapter[:L]` raises AdapterError (a ValueError naming `applespec calibrate`) when no
     usable one is stored, unless `untrained` (online learning) and L is given: then an
@@ -92,7 +94,7 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False):
 
     if name == "adapter":
         try:
-            return best(target, int(arg) if arg else None)
+            return best(target, int(arg) if arg else None, verify_cost)
         except AdapterError:
             if not (untrained and arg):
                 raise
@@ -100,7 +102,7 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False):
 
         return new_adapter(target.model, int(arg))
     try:
-        return best(target)
+        return best(target, verify_cost=verify_cost)
     except AdapterError:
         return None  # a corrupt or foreign file: the other drafters draft
 

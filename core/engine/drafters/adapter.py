@@ -27,7 +27,8 @@ class AdapterDrafter(EarlyExitDrafter):
         super().__init__(target, cache, adapter.layer)
         self.adapter = adapter
         self.name = f"adapter:{adapter.layer}"
-        self._share = weight_share(target.model, adapter)
+        vocab = None if adapter.vocab is None else int(adapter.vocab.size)
+        self._share = weight_share(target.model, adapter.layer, vocab)
 
     def _logits(self, h: mx.array, slots: list[int]) -> mx.array:
         L, model, adapter = self.exit_layer, self.target.model, self.adapter
