@@ -5,10 +5,12 @@ the engine falls back or names `applespec calibrate` when no adapter is usable."
 import shutil
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_map
 
-from core.engine import CostSurface, Engine, GenerationParams
+from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
 from core.engine.adapters import (
     AdapterError,
     TrainConfig,
@@ -28,6 +30,7 @@ from core.engine.adapters.block import draft_hidden, prefix_hidden, target_size
 from core.engine.adapters.store import adapters_dir, promise
 from core.engine.draft_length import best_length, expected_tokens
 from core.engine.scorer import head
+from core.engine.tiny import tiny_model
 from tests.engine.conftest import store_adapter
 
 FLAT = CostSurface.flat()
@@ -75,6 +78,28 @@ def test_training_lowers_the_kl_and_raises_held_out_agreement(make_tiny):
     again = new_adapter(target.model, 2)
     r2 = train(target.model, again, train_f, held_f, cfg)
     assert r2.curve == r.curve and r2.losses == r.losses
+
+
+def test_training_over_a_float16_quantized_target_learns_and_stays_finite(make_tiny):
+    """What a GPU worker's calibrate trains over (GGUF weights kept quantized, float16
+    activations): the block trains in float32 and returns to float16, finite."""
+    base = make_tiny(0)
+    model = tiny_model(0)
+    model.update(tree_map(lambda a: a.astype(mx.float16), model.parameters()))
+    nn.quantize(model, group_size=32, bits=8)
+    target = LoadedModel("tiny-0-q", model, base.tokenizer, 4096)
+    # The float32 copy answers (float16 decoding is slow on a CPU); the features and the
+    # teacher are the float16-quantized target's.
+    train_p, held_p = split([base.encode_prompt(t) for t in WORKLOAD], 0.25, seed=0)
+    train_f = features(target, answer(base, train_p, 20, samples=1), 2)
+    held_f = features(target, answer(base, held_p, 20), 2)
+    adapter = new_adapter(target.model, 2)
+    cfg = TrainConfig(tokens=6000, eval_every=0, batch_tokens=512, seed=0)
+    r = train(target.model, adapter, train_f, held_f, cfg)
+    weights = adapter.trainable()
+    assert all(mx.isfinite(v).all().item() for v in weights.values())
+    assert {v.dtype for v in weights.values()} == {mx.float16}
+    assert r.kl_after < 0.5 * r.kl_before and r.after >= r.before + 0.15, (r.before, r.after)
 
 
 def test_an_untrained_adapter_is_early_exit_one_layer_later(make_tiny):

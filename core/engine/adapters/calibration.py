@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import mlx.core as mx
+
 from ..model import LoadedModel
 from .block import new_adapter, target_size, weight_share
 from .data import answer, answer_cached, features, features_cached, split, top_tokens
@@ -168,6 +170,11 @@ def calibrate(
     if draft_vocab:
         adapter.vocab = top_tokens(train_ex, draft_vocab, target.eos_token_ids)
     result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
+    if not all(mx.isfinite(v).all().item() for v in adapter.trainable().values()):
+        raise ValueError(
+            f"training the adapter at layer {layer} diverged (non-finite weights); "
+            f"nothing stored: try a lower learning rate (--lr, now {cfg.lr:g})"
+        )
     times["train_s"] = time.perf_counter() - t2
     params = adapter.size()
     report = Calibration(

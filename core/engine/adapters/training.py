@@ -109,6 +109,7 @@ def _head(model: nn.Module, adapter: Adapter | None, h: mx.array) -> mx.array:
 
 def _kl(teacher: mx.array, student: mx.array) -> mx.array:
     """(M, V) logits each -> (M,) KL(teacher || student) in nats."""
+    teacher, student = teacher.astype(mx.float32), student.astype(mx.float32)
     t = teacher - mx.logsumexp(teacher, axis=-1, keepdims=True)
     s = student - mx.logsumexp(student, axis=-1, keepdims=True)
     return (mx.exp(t) * (t - s)).sum(-1)
@@ -181,7 +182,11 @@ def train(
     on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
     """Train `adapter` in place on `train_feats`; measure it on `held_feats` before, at
-    every `eval_every` positions and after. `on_step(positions)` after each step."""
+    every `eval_every` positions and after. `on_step(positions)` after each step.
+
+    The block trains in float32 whatever the target runs in (a GPU target keeps float16
+    activations: Adam's moments underflow or overflow there and the weights go non-finite)
+    and returns to the target's dtype before the final measurement."""
     cfg = config or TrainConfig()
     if not train_feats:
         raise ValueError("no training examples")
@@ -194,10 +199,12 @@ def train(
 
     def loss_fn(x, final, idx):
         teacher = mx.stop_gradient(_head(model, adapter, final))
-        return _kl(teacher, _logits(model, adapter, x, idx)).mean()
+        return _kl(teacher, _logits(model, adapter, x.astype(mx.float32), idx)).mean()
 
     step_fn = nn.value_and_grad(adapter.block, loss_fn)
     before, kl_before = evaluate(model, adapter, held_feats)
+    serving = model.model.norm.weight.dtype
+    adapter.block.set_dtype(mx.float32)
     result = TrainResult(before, before, kl_before, kl_before, curve=[(0, before)])
     seen, next_eval, step = 0, cfg.eval_every, 0
     while step < steps:
@@ -223,6 +230,7 @@ def train(
                 if cfg.eval_every and seen >= next_eval and step < steps:
                     result.curve.append((seen, evaluate(model, adapter, held_feats)[0]))
                     next_eval += cfg.eval_every
+    adapter.block.set_dtype(serving)
     result.after, result.kl_after = evaluate(model, adapter, held_feats)
     result.curve.append((seen, result.after))
     result.tokens = seen
