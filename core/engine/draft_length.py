@@ -239,7 +239,10 @@ class StepModes:
     has run `TRIAL`, so both meet the same rows and the same joining prompts (a job's first
     steps prefill most of its prompts: a trial of one kind alone would charge that to it);
     it ends after one block of each when one kind is `CLEAR` times faster. Then the faster
-    kind runs, with a new trial after `RETRY` steps, or as soon as the live rows have halved
+    kind runs, with a new trial after `RETRY` steps (doubling, up to `RETRY_MAX`, each time a
+    trial picks the kind the previous one did: a drafter that keeps losing costs its trial
+    steps ever more rarely; a change of winner starts again from `RETRY`), or as soon as the
+    live rows have halved
     or doubled since the last trial (at a job's tail drafting can pay where it did not at a
     full batch), or, while plain steps run, the drafters' evidence (`Drafter.evidence`: a
     job's answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave
@@ -249,6 +252,7 @@ class StepModes:
     TRIAL = 8
     BLOCK = 4
     RETRY = 64
+    RETRY_MAX = 512
     CLEAR = 2.0
     EVIDENCE = 8
 
@@ -259,6 +263,8 @@ class StepModes:
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
         self._evidence = 0  # the drafters' evidence when it ended
+        self._retry = self.RETRY  # steps until the next trial
+        self._won: str | None = None  # the kind the last trial picked
         self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
 
     @staticmethod
@@ -276,7 +282,7 @@ class StepModes:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
             learned = self.mode == "plain" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
-            if self._since >= self.RETRY or moved or learned:
+            if self._since >= self._retry or moved or learned:
                 self._trial = self._new_trial()  # the current kind first, then the other
             return
         t = trial[mode]
@@ -289,6 +295,9 @@ class StepModes:
         if clear or (t[0] >= self.TRIAL and trial[other][0] >= self.TRIAL):  # the trial ended
             self.rate = rates
             self.mode = max(rates, key=lambda m: rates[m])
+            same = self.mode == self._won
+            self._retry = min(2 * self._retry, self.RETRY_MAX) if same else self.RETRY
+            self._won = self.mode
             self._trial, self._since, self._rows = None, 0, rows
             self._evidence = evidence
         elif trial[other][0] < self.TRIAL and (t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL):

@@ -150,6 +150,33 @@ def test_a_clear_loser_ends_the_trial_after_one_block_of_each():
     assert seen == ["plain"] * B + ["draft"] * B and m.mode == "draft"
 
 
+def test_trials_that_keep_picking_the_same_kind_come_ever_more_rarely():
+    from core.engine.draft_length import StepModes
+
+    m = StepModes()
+    B, R = m.BLOCK, m.RETRY
+    seen = _run(m, {"draft": 10, "plain": 30}, 1600)  # drafting loses every trial, clearly
+    starts = [i for i, x in enumerate(seen) if x == "draft" and (i == 0 or seen[i - 1] == "plain")]
+    # The first trial drafts first; later ones run a plain block, then a draft block, after
+    # RETRY, 2 x RETRY, ... plain steps, up to RETRY_MAX.
+    want, end = [0], 2 * B
+    for retry in (R, 2 * R, 4 * R, m.RETRY_MAX, m.RETRY_MAX):
+        want.append(end + retry + B)
+        end = want[-1] + B
+    assert starts == want
+    assert all(len(set(seen[s : s + B])) == 1 for s in starts)  # a block each time
+    # A trial that picks the other kind starts again from RETRY.
+    _run(m, {"draft": 70, "plain": 30}, 2000)
+    assert m.mode == "draft" and m._retry > R
+    steps = 0
+    while m.mode == "draft" and steps < 2 * m.RETRY_MAX:
+        _run(m, {"draft": 10, "plain": 30}, 1)
+        steps += 1
+    if m._trial is not None:  # the plain block of that trial: then it ends
+        _run(m, {"draft": 10, "plain": 30}, B)
+    assert m.mode == "plain" and m._trial is None and m._retry == R
+
+
 def test_step_modes_try_again_when_the_live_rows_halve():
     from core.engine.draft_length import StepModes
 
