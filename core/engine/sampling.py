@@ -74,6 +74,9 @@ def log_target(logits: mx.array, params: GenerationParams) -> mx.array:
     logits = logits.astype(mx.float32) / params.temperature
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     vocab = logprobs.shape[-1]
+    truncated = 0 < params.top_k < vocab or params.top_p < 1.0
+    if not truncated:  # normalized already: a second pass over V per row costs as much
+        return logprobs
     if 0 < params.top_k < vocab:
         logprobs = apply_top_k(logprobs, params.top_k)
     if params.top_p < 1.0:
