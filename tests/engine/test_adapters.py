@@ -164,6 +164,19 @@ def test_the_best_adapter_is_the_one_that_promises_the_most_speedup(make_tiny):
     assert promise(target, {"layer": 9, "agreement": 0.9}) == (0, 0.0)  # not this model's
 
 
+def test_the_engine_prices_stored_adapters_on_its_surface(make_tiny):
+    from core.engine.costs import BATCHES, WIDTHS
+
+    target = make_tiny(0)
+    save(target, new_adapter(target.model, 1), {"agreement": 0.7})
+    save(target, new_adapter(target.model, 2), {"agreement": 0.75})
+    flat = Engine(target, draft="adapter", surface=CostSurface.flat(), batch_size=1)
+    assert flat.adapter.layer == 1  # width is free: the cheaper layer promises more
+    # A compute-bound machine: a step costs what its tokens do, so no draft length pays.
+    bound = CostSurface(BATCHES, WIDTHS, tuple(tuple(float(w) for w in WIDTHS) for _ in BATCHES))
+    assert Engine(target, draft="adapter", surface=bound, batch_size=1).adapter.layer == 2
+
+
 def test_best_length_against_the_formula():
     assert best_length(0.0, 0.1) == (0, 1.0)
     k, s = best_length(0.8, 0.1)
