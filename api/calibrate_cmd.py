@@ -161,7 +161,7 @@ def calibrate_cmd(
     from core.engine.costs import load_kept
 
     surface = load_kept(target.model, target.weight_format)
-    verify_cost = None if surface is None else (lambda w: surface.relative(1, w))
+    verify_cost = None if surface is None else surface.verify_cost(1)
     memo: dict = {}
     reports = []
     try:

@@ -16,7 +16,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,11 @@ class CostSurface:
     def relative(self, rows: int, tokens: float) -> float:
         """Cost in units of one plain step (one token per row) at this batch size."""
         return self(rows, tokens) / self(rows, rows)
+
+    def verify_cost(self, rows: int) -> Callable[[int], float]:
+        """A step's cost at `rows` rows as a function of its tokens per row, in plain steps
+        (what `draft_length.best_length` prices a draft length with)."""
+        return lambda width: self.relative(rows, rows * width)
 
     def plain_throughput(self, rows: int) -> float:
         """Tokens per millisecond of plain decoding at `rows` rows."""

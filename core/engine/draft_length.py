@@ -52,17 +52,18 @@ def expected_tokens(k: int, a: float) -> float:
 def best_length(
     a: float,
     draft_cost: float,
-    verify_cost: Callable[[int], float] = lambda width: 1.0,
+    verify_cost: Callable[[int], float] | None = None,
     k_max: int = K_MAX,
 ) -> tuple[int, float]:
     """The draft length with the most expected tokens per unit of time, and that speedup
     over plain steps, for a model drafter whose tokens are accepted at rate `a` and each cost
     `draft_cost` plain steps; `verify_cost(w)` is a step verifying w tokens per row, in plain
-    steps (a surface's `relative`; default 1: a latency-bound accelerator at batch 1).
+    steps (`CostSurface.verify_cost`; None: 1, a latency-bound accelerator at batch 1).
     (0, 1.0) when no length pays."""
     best = (0, 1.0)
     for k in range(1, k_max + 1):
-        speedup = expected_tokens(k, a) / (verify_cost(k + 1) + k * draft_cost)
+        verify = 1.0 if verify_cost is None else verify_cost(k + 1)
+        speedup = expected_tokens(k, a) / (verify + k * draft_cost)
         if speedup > best[1]:
             best = (k, speedup)
     return best

@@ -97,8 +97,7 @@ def _verify_cost(target: LoadedModel, surface: CostSurface | None, batch_size: i
     surf = surface or load_kept(target.model, target.weight_format)
     if surf is None:
         return None
-    rows = batch_size or surf.best_batch(DEFAULT_BATCH_LIMIT)
-    return lambda width: surf.relative(rows, rows * width)
+    return surf.verify_cost(batch_size or surf.best_batch(DEFAULT_BATCH_LIMIT))
 
 
 class Engine:
@@ -168,7 +167,7 @@ class Engine:
                 raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
         # A stored self-drafter (`adapter`; `auto` when one is stored), loaded once.
         self.adapter = registry.stored_adapter(
-            target, entry.name, arg, learn > 0, _verify_cost(target, surface, batch_size)
+            target, entry.name, arg, learn > 0, lambda: _verify_cost(target, surface, batch_size)
         )
         self.learner = None
         if self.adapter is not None and learn > 0:

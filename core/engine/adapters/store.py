@@ -203,8 +203,6 @@ def promise(
         return 0, 0.0
     share = weight_share(target.model, layer, meta.get("vocab_size"))
     a = min(max(float(meta.get("agreement", 0.0)), 0.0), 1.0)
-    if verify_cost is None:
-        return best_length(a, share)
     return best_length(a, share, verify_cost)
 
 

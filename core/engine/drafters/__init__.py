@@ -78,10 +78,11 @@ def _adapter(engine, arg):
     return [AdapterDrafter(engine.target, engine.cache, engine.engine.adapter)]
 
 
-def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, verify_cost=None):
+def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, pricing=None):
     """The stored self-drafter a spec uses, loaded once per engine (None when it uses none):
     of those stored (at layer L when given), the one whose measured agreement promises the
-    most speedup at `verify_cost` (store.promise).
+    most speedup at the verify cost `pricing()` gives (store.promise; called only for a
+    spec that uses one, as it may read the kept surface; None or giving None: width free).
 
     `adapter[:L]` raises AdapterError (a ValueError naming `applespec calibrate`) when no
     usable one is stored, unless `untrained` (online learning) and L is given: then an
@@ -92,6 +93,7 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, 
         return None
     from ..adapters.store import AdapterError, best
 
+    verify_cost = pricing() if pricing is not None else None
     if name == "adapter":
         try:
             return best(target, int(arg) if arg else None, verify_cost)
