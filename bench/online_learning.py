@@ -66,7 +66,7 @@ def main() -> None:
             lr = engine.learner
             print(
                 f"{len(done)} items, acceptance of the last 25 {acceptance(done[-25:])}, "
-                f"version {lr.version}, learning {lr.spent:.0f} s of "
+                f"version {lr.version}, {lr.steps} steps, learning {lr.spent:.0f} s of "
                 f"{time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
@@ -94,6 +94,8 @@ def main() -> None:
         "learning_s": round(learner.spent, 1),
         "learning_share": round(learner.spent / wall, 4),
         "versions": learner.version,
+        "training_steps": learner.steps,
+        "trained_positions": learner.trained,
         f"acceptance_first_{args.edge}": acceptance(done[: args.edge]),
         f"acceptance_last_{args.edge}": acceptance(done[-args.edge :]),
         "distinct_prompts": len(first_seen),

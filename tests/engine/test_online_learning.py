@@ -82,6 +82,46 @@ def test_a_worse_version_is_never_swapped_in(make_tiny):
     assert all(np.array_equal(before[k], np.array(after[k])) for k in before)
 
 
+def test_padded_shapes_learn_what_exact_ones_do_and_meet_few_shapes(make_tiny, monkeypatch):
+    """On CUDA (`kv_pad` 64) the learner rounds its shapes up: attention graphs are built
+    per exact shape there. Padding must change nothing but the shapes: the same steps give
+    the same weights and agreements, over a handful of (B, T) instead of one per step."""
+    target = make_tiny(3)
+    eng = Engine(target, draft="none", surface=FLAT, batch_size=4)
+    reqs = [  # rows of many lengths, as a real job's
+        (target.encode_prompt(p + " again" * (i % 5)), GenerationParams(max_tokens=8 + i % 17))
+        for i, p in enumerate(JOB[:30])
+    ]
+    rows = [(p, r.tokens) for (p, _), r in zip(reqs, eng.generate_many(reqs), strict=True)]
+    learners = {}
+    for pad in ("0", "64"):
+        monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
+        lr = OnlineLearner(target.model, new_adapter(target.model, 1), share=1.0, eval_every=5)
+        shapes = set()
+        hidden = lr._hidden
+        lr._hidden = lambda a, x, idx, h=hidden, s=shapes: (s.add(x.shape), h(a, x, idx))[1]
+        for i, (p, a) in enumerate(rows):  # rows arrive a few at a time, as they finish
+            lr.observe(p, a)
+            if i % 3 == 2:
+                for _ in range(3):
+                    lr.work()
+        while lr.steps < 30 and lr.work():
+            pass
+        learners[pad] = (lr, shapes)
+    (exact, exact_shapes), (padded, padded_shapes) = learners["0"], learners["64"]
+    assert padded.pad == 64 and exact.pad == 0
+    assert padded.steps == exact.steps and padded.trained == exact.trained
+    assert all(T % 64 == 0 and B & (B - 1) == 0 for B, T, _ in padded_shapes)
+    # Rows grow to a power of two as the buffer fills: a few sizes, against one per step.
+    assert 2 * len(padded_shapes) <= len(exact_shapes), (padded_shapes, exact_shapes)
+    want = dict(tree_flatten(exact.candidate.block.parameters()))
+    for k, v in tree_flatten(padded.candidate.block.parameters()):
+        assert np.allclose(np.array(v), np.array(want[k]), atol=1e-4), k
+    held = list(exact._held)
+    assert padded.agreement(padded.candidate, held) == exact.agreement(exact.candidate, held)
+    assert [h["candidate"] for h in padded.history] == [h["candidate"] for h in exact.history]
+
+
 def test_learning_keeps_to_its_share_of_the_wall_time(make_tiny):
     target = make_tiny(3)
     now = [0.0]

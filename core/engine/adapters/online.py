@@ -35,8 +35,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..cache import kv_pad
 from .block import Adapter, clone, draft_hidden, exit_hidden
-from .training import _chunks, _head, pad_exits
+from .training import _chunks, _head, bucket, bucket_rows, pad_exits
 
 SHARE = 0.10  # the default bound on the share of wall time spent learning
 
@@ -115,6 +116,10 @@ class OnlineLearner:
         # target's token is always among them. Evaluation drafts with the whole head.
         self._tokens: set[int] = set()
         self._view: tuple[Adapter, np.ndarray] | None = None  # (candidate over them, index)
+        # Shapes rounded up where the backend builds a graph per exact shape (CUDA): without
+        # it every unit of work met new shapes, and a 200-item job on an H200 made fewer
+        # than 10 training steps in its 10% of the wall time.
+        self.pad = kv_pad()
 
     # -- what the engine calls ----------------------------------------------------------
 
@@ -189,10 +194,10 @@ class OnlineLearner:
             drafted = _head(self.model, adapter, self._hidden(adapter, x, idx)).argmax(-1)
             if adapter.vocab is not None:
                 drafted = adapter.vocab[drafted]
-            hits = (drafted == y).sum()
+            hits = (drafted == y).sum()  # padded positions (y = -1) never match
             mx.eval(hits)
             agree += hits.item()
-            n += y.size
+            n += sum(s.n for s in group)
         return agree / n if n else 0.0
 
     def stats(self) -> dict:
@@ -214,8 +219,8 @@ class OnlineLearner:
         batch = [self._new.popleft()]
         while self._new and _padded(batch + [self._new[0]]) <= self.batch_tokens * 2:
             batch.append(self._new.popleft())
-        T = max(len(p) + len(a) - 1 for p, a, _ in batch)
-        ids = np.zeros((len(batch), T), np.int32)
+        T = bucket(max(len(p) + len(a) - 1 for p, a, _ in batch), self.pad)
+        ids = np.zeros((bucket_rows(len(batch), self.pad), T), np.int32)
         for r, (p, a, _) in enumerate(batch):
             seq = (p + a)[:-1]  # the last token's next one is not known
             ids[r, : len(seq)] = seq
@@ -237,12 +242,13 @@ class OnlineLearner:
         shuffled = [self._train[i] for i in self._rng.permutation(len(self._train))]
         x, idx, y = self._pack(_chunks(shuffled, self.batch_tokens)[0])
         view, index = self._loss_view()
-        y = mx.array(index)[y]
+        real = y >= 0
+        y = mx.where(real, mx.array(index)[mx.maximum(y, 0)], -1)  # (M,) -1: not scored
         loss, grads = self._step(view, x, idx, y)
         self._opt.update(self.candidate.block, grads)
-        mx.eval(self.candidate.block.parameters(), self._opt.state, loss)
+        mx.eval(self.candidate.block.parameters(), self._opt.state, loss, real)
         self.steps += 1
-        self.trained += y.size
+        self.trained += int(real.sum().item())
 
     def _loss_view(self) -> tuple[Adapter, np.ndarray]:
         """The candidate scored over the answers' tokens, and token id -> index there (-1)."""
@@ -274,9 +280,15 @@ class OnlineLearner:
 
     def _pack(self, samples: list[Sample]) -> tuple[mx.array, mx.array, mx.array]:
         """Right-padded (B, T, D) exit states, the (M,) flat indices of the answer positions
-        and their (M,) answer tokens."""
-        x, idx = pad_exits(samples)
-        return x, idx, mx.concatenate([s.targets for s in samples])
+        and their (M,) answer tokens; with `pad`, M is a multiple of 4 x pad, the padding
+        reading position 0 with token -1 (never scored, never a match)."""
+        x, idx = pad_exits(samples, self.pad)
+        y = mx.concatenate([s.targets for s in samples])
+        extra = bucket(y.size, 4 * self.pad) - y.size
+        if extra:
+            idx = mx.concatenate([idx, mx.zeros((extra,), mx.int32)])
+            y = mx.concatenate([y, mx.full((extra,), -1, mx.int32)])
+        return x, idx, y
 
 
 def _padded(rows: list[tuple[list[int], list[int], bool]]) -> int:

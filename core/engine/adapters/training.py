@@ -24,6 +24,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
+from ..cache import kv_pad
 from ..scorer import head
 from .block import Adapter, draft_hidden, reduced_logits
 from .data import Features
@@ -72,10 +73,27 @@ class TrainResult:
     tokens: int = 0
 
 
-def pad_exits(items: list) -> tuple[mx.array, mx.array]:
+def bucket(n: int, pad: int) -> int:
+    """`n` rounded up to a multiple of `pad` (pad <= 1: `n`): where a backend builds a graph
+    per exact shape (cuDNN attention on CUDA, `cache.kv_pad`), a handful of shapes."""
+    return -(-n // pad) * pad if pad > 1 else n
+
+
+def bucket_rows(n: int, pad: int) -> int:
+    """`n` rows rounded up to a power of two when `pad` > 1 (as `bucket`)."""
+    return 1 << (n - 1).bit_length() if pad > 1 else n
+
+
+def pad_exits(items: list, pad: int | None = None) -> tuple[mx.array, mx.array]:
     """Right-padded (B, T, D) exit states of `items` (each with `.exit` (T, D), `.start` and
-    `.n`) and the (M,) flat indices in (B * T) of their `n` positions from `start`."""
-    T = max(f.exit.shape[0] for f in items)
+    `.n`) and the (M,) flat indices in (B * T) of their `n` positions from `start`.
+
+    With `pad` > 1 (default `cache.kv_pad()`: 64 on CUDA, else 0) T is a multiple of `pad`
+    and B a power of two (zero rows after the real ones): training and evaluation steps then
+    meet a few shapes instead of building attention graphs for a new one every step. Right
+    padding leaves the real positions' causal attention as it was."""
+    pad = kv_pad() if pad is None else pad
+    T = bucket(max(f.exit.shape[0] for f in items), pad)
     D = items[0].exit.shape[1]
     xs, flat = [], []
     for r, f in enumerate(items):
@@ -84,6 +102,7 @@ def pad_exits(items: list) -> tuple[mx.array, mx.array]:
             x = mx.concatenate([x, mx.zeros((T - x.shape[0], D), x.dtype)])
         xs.append(x)
         flat.append(r * T + f.start + np.arange(f.n))
+    xs += [mx.zeros((T, D), xs[0].dtype)] * (bucket_rows(len(items), pad) - len(items))
     return mx.stack(xs), mx.array(np.concatenate(flat).astype(np.int32))
 
 
