@@ -39,6 +39,17 @@ def kv_pad() -> int:
     return 64 if mx.default_device() == mx.gpu and mx.cuda.is_available() else 0
 
 
+def bucket(n: int, pad: int) -> int:
+    """`n` rounded up to a multiple of `pad` (pad <= 1: `n`): the few shapes a backend that
+    builds a graph per exact shape then meets."""
+    return -(-n // pad) * pad if pad > 1 else n
+
+
+def bucket_rows(n: int, pad: int) -> int:
+    """`n` rows rounded up to a power of two when `pad` > 1 (as `bucket`)."""
+    return 1 << (n - 1).bit_length() if pad > 1 else n
+
+
 class BatchKVCache:
     """Per-layer keys/values of `capacity` rows with per-row lengths (host-side ints).
 
@@ -61,9 +72,7 @@ class BatchKVCache:
 
     def read_width(self, end: int) -> int:
         """Key positions a read covers when the furthest row ends at `end`."""
-        if self.pad > 1:
-            end = -(-end // self.pad) * self.pad
-        return end
+        return bucket(end, self.pad)
 
     def reserve(self, end: int) -> None:
         """Make room for positions [0, read_width(end)) in every row (grows by copying)."""

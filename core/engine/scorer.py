@@ -28,7 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import cpu_math
-from .cache import BatchKVCache
+from .cache import BatchKVCache, bucket
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # The forward's implementation, in the key of kept cost surfaces (costs.machine_key): a
@@ -121,8 +121,8 @@ LONG = 16  # query counts above this (prompt chunks) are padded like the key rea
 
 def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
     R, w = len(seg.rows), max(max(seg.sizes), seg.min_w)
-    if cache.pad > 1 and w > LONG:  # CUDA: a few query counts, not one per prompt length
-        w = -(-w // cache.pad) * cache.pad
+    if w > LONG:  # CUDA: a few query counts, not one per prompt length
+        w = bucket(w, cache.pad)
     lengths = cache.lengths[seg.rows]  # (R,)
     ends = lengths + np.asarray(seg.sizes)
     width = cache.read_width(int(ends.max()))

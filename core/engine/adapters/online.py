@@ -35,9 +35,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..cache import kv_pad
+from ..cache import bucket, bucket_rows, kv_pad
 from .block import Adapter, clone, draft_hidden, exit_hidden
-from .training import _chunks, _head, bucket, bucket_rows, pad_exits
+from .training import _chunks, _head, pad_exits
 
 SHARE = 0.10  # the default bound on the share of wall time spent learning
 

@@ -24,7 +24,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from ..cache import kv_pad
+from ..cache import bucket, bucket_rows, kv_pad
 from ..scorer import head
 from .block import Adapter, draft_hidden, reduced_logits
 from .data import Features
@@ -71,17 +71,6 @@ class TrainResult:
     curve: list[tuple[int, float]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     tokens: int = 0
-
-
-def bucket(n: int, pad: int) -> int:
-    """`n` rounded up to a multiple of `pad` (pad <= 1: `n`): where a backend builds a graph
-    per exact shape (cuDNN attention on CUDA, `cache.kv_pad`), a handful of shapes."""
-    return -(-n // pad) * pad if pad > 1 else n
-
-
-def bucket_rows(n: int, pad: int) -> int:
-    """`n` rows rounded up to a power of two when `pad` > 1 (as `bucket`)."""
-    return 1 << (n - 1).bit_length() if pad > 1 else n
 
 
 def pad_exits(items: list, pad: int | None = None) -> tuple[mx.array, mx.array]:
