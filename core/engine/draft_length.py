@@ -243,18 +243,11 @@ class StepModes:
     kind runs, with a new trial after `RETRY` steps (doubling, up to `RETRY_MAX`, each time a
     trial picks the kind the previous one did: a drafter that keeps losing costs its trial
     steps ever more rarely; a change of winner starts again from `RETRY`), or as soon as the
-    live rows have halved or doubled since the last trial and the cost surface says that
-    may turn the verdict (`price`: at a job's tail a compute-bound machine verifies a second
-    token per row for less, so drafting can pay where it did not at a full batch; where
-    widths cost what one token does, as on the H200, fewer rows change nothing and a trial
-    per halving only spent its drafting steps), or, while plain steps run, the drafters'
-    evidence (`Drafter.evidence`: a job's answers indexed) has reached `EVIDENCE` and
-    doubled since (a job's first wave drafts from an empty index; the next one from all
-    that the first wrote).
-
-    Args:
-        price: live rows -> the cost of a step verifying two tokens per row, in plain steps
-            at those rows (the surface); None: unknown, every such move starts a trial.
+    live rows have halved
+    or doubled since the last trial (at a job's tail drafting can pay where it did not at a
+    full batch), or, while plain steps run, the drafters' evidence (`Drafter.evidence`: a
+    job's answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave
+    drafts from an empty index; the next one from all that the first wrote).
     """
 
     TRIAL = 8
@@ -263,10 +256,8 @@ class StepModes:
     RETRY_MAX = 512
     CLEAR = 2.0
     EVIDENCE = 8
-    MOVE = 0.1  # a relative change of `price` that may turn a trial's verdict
 
-    def __init__(self, price: Callable[[int], float] | None = None):
-        self.price = price
+    def __init__(self):
         self.rate: dict[str, float | None] = {"draft": None, "plain": None}
         self.mode = "draft"
         self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
@@ -276,16 +267,6 @@ class StepModes:
         self._retry = self.RETRY  # steps until the next trial
         self._won: str | None = None  # the kind the last trial picked
         self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
-
-    def _may_turn(self, rows: int) -> bool:
-        """Whether `rows` live rows may turn the last trial's verdict, by `price`: drafting
-        got cheaper than at the last trial's rows where plain won, dearer where drafting won."""
-        if self.price is None or self._won is None:
-            return True
-        before, now = self.price(self._rows), self.price(rows)
-        if self._won == "plain":
-            return now < (1 - self.MOVE) * before
-        return now > (1 + self.MOVE) * before
 
     @staticmethod
     def _new_trial() -> dict[str, list]:
@@ -301,7 +282,6 @@ class StepModes:
         if trial is None:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
-            moved = moved and self._may_turn(rows)
             learned = self.mode == "plain" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
             if self._since >= self._retry or moved or learned:
                 self._trial = self._new_trial()  # the current kind first, then the other

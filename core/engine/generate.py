@@ -303,10 +303,7 @@ class Batch:
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
-        self.modes = None
-        if self.drafters and engine.step_modes:
-            # Read lazily: a move of the live rows asks the surface whether it matters.
-            self.modes = StepModes(price=lambda rows: engine.surface.verify_cost(rows)(2))
+        self.modes = StepModes() if self.drafters and engine.step_modes else None
         self._mode = "draft"  # the kind of the step that ran last ("draft" or "plain")
 
     def draft_model_drafter(self):

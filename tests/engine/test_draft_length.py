@@ -190,39 +190,6 @@ def test_step_modes_try_again_when_the_live_rows_halve():
     assert m.mode == "draft" and m.rate["draft"] == 50.0
 
 
-def test_a_move_of_the_live_rows_tries_again_only_where_the_surface_says_it_may_matter():
-    """Where two tokens per row cost what one does at every row count (the H200's flat
-    surface) halving the rows cannot turn a verdict: no trial (its drafting steps cost the
-    job). Where the second token gets cheaper with fewer rows (a compute-bound CPU) a lost
-    verdict is tried again; a won one when the rows double and drafting gets dearer."""
-    from core.engine.costs import CostSurface
-    from core.engine.draft_length import StepModes
-
-    slow, fast = {"draft": 10, "plain": 30}, {"draft": 50, "plain": 30}
-    flat = CostSurface.flat()
-    m = StepModes(price=lambda rows: flat.verify_cost(rows)(2))
-    _run(m, slow, 2 * m.TRIAL, rows=64)
-    assert m.mode == "plain"
-    drafted = m.steps["draft"]
-    for rows in (32, 16, 8, 4, 2, 1):  # the job's tail, halving: no trial, plain throughout
-        assert _run(m, slow, 3, rows=rows) == ["plain"] * 3
-        assert m._trial is None
-    assert m.steps["draft"] == drafted
-    # A compute-bound surface: 2 tokens per row cost 1.5x one at 64 rows, 1.02x at 4.
-    cpu = {64: 1.5, 32: 1.4, 16: 1.27, 8: 1.1, 4: 1.02}
-    m = StepModes(price=cpu.__getitem__)
-    _run(m, slow, 2 * m.TRIAL, rows=64)
-    assert _run(m, slow, 3, rows=32) == ["plain"] * 3  # 1.4 is not 10% below 1.5
-    assert m._trial is None
-    _run(m, slow, 1, rows=16)  # 1.27 is: a trial, drafting pays there
-    assert m._trial is not None
-    _run(m, fast, 2 * m.TRIAL, rows=16)
-    assert m.mode == "draft"
-    assert _run(m, fast, 3, rows=8) == ["draft"] * 3  # cheaper still: the verdict stands
-    _run(m, fast, 1, rows=32)  # doubled twice, 1.4 > 1.1 * 1.27: try again
-    assert m._trial is not None
-
-
 def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
     """A job's first wave drafts from an empty suffix index and loses; once the index holds
     `EVIDENCE` answers, and again each time that doubles, drafting is measured anew."""
