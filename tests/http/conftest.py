@@ -76,6 +76,7 @@ def farm(request, tmp_path_factory):
             APPLESPEC_MODEL=model,
             APPLESPEC_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
             APPLESPEC_MAX_LINES=str(MAX_LINES),
+            APPLESPEC_HEARTBEAT_INTERVAL="1",  # a cancel reaches running rows within a second
         )
         upgrade(db_url)
         key = cli_ok(env, "keys", "create", "pipeline").strip().splitlines()[-1]

@@ -108,8 +108,11 @@ def test_cancel(farm):
     client = farm.client()
     total = 80
     # Answers of very different lengths: a batch finishes its short ones long before the rest.
+    # The longest run thousands of steps, so the job cannot end within the heartbeat that
+    # carries the cancel to the worker's running rows (a CI run saw 80 of 80 complete with
+    # answers of at most 950 tokens and a 5 s heartbeat).
     lines = [
-        request_line(f"c{i}", f"Write a long story number {i}", max_tokens=2 + 12 * i)
+        request_line(f"c{i}", f"Write a long story number {i}", max_tokens=2 + 48 * i)
         for i in range(total)
     ]
     path = write_jsonl(farm.tmp / "cancel.jsonl", lines)
