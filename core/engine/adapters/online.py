@@ -116,9 +116,8 @@ class OnlineLearner:
         # target's token is always among them. Evaluation drafts with the whole head.
         self._tokens: set[int] = set()
         self._view: tuple[Adapter, np.ndarray] | None = None  # (candidate over them, index)
-        # Shapes rounded up where the backend builds a graph per exact shape (CUDA): without
-        # it every unit of work met new shapes, and a 200-item job on an H200 made fewer
-        # than 10 training steps in its 10% of the wall time.
+        # Shapes rounded up where the backend builds a graph per exact shape (CUDA attention,
+        # as the cache pads its reads): unrounded, every unit of work met a new shape.
         self.pad = kv_pad()
 
     # -- what the engine calls ----------------------------------------------------------
