@@ -139,6 +139,11 @@ PY
     --reference ours_single -o "$OUT/h200-adapter-open-held-out.json" 2>&1 | tee "$OUT/h200-adapter-open-held-out.txt"
   ;;
 online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untrained L6 adapter learns while they run
+  # A fresh host JIT-compiles the training kernels first (minutes: its learner learns nothing
+  # within its share); a short job that learns every step compiles them for the runs below.
+  python3 examples/make_jobs.py --kind open --items 48 -o "$HOME/open-48.jsonl"
+  timeout 300 python3 bench/online_learning.py --data "$HOME/open-48.jsonl" --items 48 --layer 6 \
+    --share 1.0 > "$OUT/online-warm-up.log" 2>&1 || tail -3 "$OUT/online-warm-up.log"
   for kind in open labeling; do
     python3 examples/make_jobs.py --kind $kind --items 200 -o "$HOME/$kind-200.jsonl"
     timeout 270 python3 bench/online_learning.py --data "$HOME/$kind-200.jsonl" --items 200 --layer 6 \
