@@ -149,7 +149,8 @@ def test_phases_time_the_parts_of_our_steps_and_leave_the_engine_as_it_was(tiny_
     assert len(batched) == 4  # each config's row and its best-of row
     for r in batched:
         ph = r["phases"]
-        assert ph["_step"][1] > 0 and 0 < ph["_step"][0] <= r["seconds"]
+        # `seconds` is rounded to the millisecond, the phases' sums are not
+        assert ph["_step"][1] > 0 and 0 < ph["_step"][0] <= r["seconds"] + 5e-4
         assert ph["_prefill_plan"][1] == ph["_step"][1]  # one plan per step
     spec = next(r for r in res["rows"] if r["name"] == "ours_batched_spec_4")
     assert spec["phases"]["_draft"][1] > 0
