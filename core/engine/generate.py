@@ -170,7 +170,8 @@ class Engine:
             target, entry.name, arg, learn > 0, lambda: _verify_cost(target, surface, batch_size)
         )
         self.learner = None
-        if self.adapter is not None and learn > 0:
+        if self.adapter is not None and learn > 0 and self.adapter.kind == "early-exit":
+            # (the feature head learns offline only: `applespec calibrate --exit-layer head`)
             from .adapters.online import OnlineLearner
 
             self.learner = OnlineLearner(target.model, self.adapter, share=learn)
@@ -297,6 +298,7 @@ class Batch:
         self.queue: deque[Sequence] = deque()
         self._draft_model_drafter = None
         self.drafters: list[Drafter] = engine.entry.build(self, engine.arg)
+        self._states = any(getattr(d, "reads_states", False) for d in self.drafters)
         self._done: list[Sequence] = []  # finished last step, results not yet built
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
         # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
@@ -426,7 +428,8 @@ class Batch:
             )
         if not segments:
             return self._results()
-        outs = forward(self.target.model, self.cache, segments)
+        states = [] if self._states else None
+        outs = forward(self.target.model, self.cache, segments, states=states)
         if eng.profile:
             mx.eval(outs)
         chosen = [self._choices(v, o) for v, o in zip(views, outs, strict=False)]
@@ -437,6 +440,7 @@ class Batch:
             first, first_lp = self._first_tokens(prefill, outs[-1])
         pending = [*picks, *([first] if first is not None else [])]
         pending += [a for lp in [*lps, first_lp] if lp is not None for a in lp]
+        pending += [h for h in states or [] if h is not None]
         pending += [
             d.tokens
             for d in (plan.drafts.values() if plan else [])
@@ -451,12 +455,13 @@ class Batch:
         cache_s = 0.0
         if plan is not None:
             host_lps = [None if lp is None else [a.tolist() for a in lp] for lp in lps]
-            cache_s = self._commit(plan, [p.tolist() for p in picks], views, host_lps)
+            cache_s = self._commit(plan, [p.tolist() for p in picks], views, host_lps, states)
         if prefill:
             self._commit_prefill(
                 prefill,
                 first.tolist() if first is not None else None,
                 None if first_lp is None else [a.tolist() for a in first_lp],
+                states[-1] if states else None,
             )
         t4 = time.perf_counter()
         if plan is not None:
@@ -511,7 +516,11 @@ class Batch:
             )
         launched: tuple[list[Sequence], mx.array] | None = None
         if segments:
-            outs = forward(self.target.model, self.cache, segments)
+            states = [] if self._states else None
+            outs = forward(self.target.model, self.cache, segments, states=states)
+            if states:
+                self._keep_states(decode, states[0] if decode else None)
+                self._keep_prefill_states(prefill, states[-1] if prefill else None)
             rows, picks = [], []
             if decode:
                 pos = self.cache.lengths[[s.slot for s in decode]] + 1  # after the input
@@ -723,7 +732,21 @@ class Batch:
             lp = token_logprobs(picked, params, tokens, max(p.top_logprobs for p in params))
         return tokens, lp
 
-    def _commit_prefill(self, prefill, first: list[int] | None, lp=None) -> None:
+    def _keep_states(self, rows: list[Sequence], h: mx.array | None) -> None:
+        """Row j of `rows` committed one position whose last-layer state is h[j]."""
+        for j, s in enumerate(rows):
+            s.states.append(h[j : j + 1])
+
+    def _keep_prefill_states(self, prefill, h: mx.array | None) -> None:
+        """The rows whose prompt this prefill step completes keep its last position's state
+        (h: one per chunk); call before the step's `prefilled` counts move on."""
+        for j, (s, chunk) in enumerate(prefill):
+            if s.prefilled + len(chunk) == len(s.prompt):
+                s.states.append(h[j : j + 1])
+
+    def _commit_prefill(self, prefill, first: list[int] | None, lp=None, states=None) -> None:
+        if states is not None:
+            self._keep_prefill_states(prefill, states)
         firsts = iter(enumerate(first or []))
         now = time.perf_counter()
         for s, chunk in prefill:
@@ -851,9 +874,16 @@ class Batch:
         return picks, lp
 
     def _commit(
-        self, plan: StepPlan, picks: list[list[int]], views: list[SegmentView], lps: list
+        self,
+        plan: StepPlan,
+        picks: list[list[int]],
+        views: list[SegmentView],
+        lps: list,
+        states: list | None = None,
     ) -> float:
-        """Keep each row's accepted nodes; returns the seconds spent compacting caches."""
+        """Keep each row's accepted nodes; returns the seconds spent compacting caches.
+        `states`: per view, the last-layer states of its nodes (rows keep those of the
+        nodes they commit), or None."""
         dev_tokens = {
             name: d.tokens.tolist()
             for name, d in plan.drafts.items()
@@ -861,16 +891,20 @@ class Batch:
         }
         # Per row: its choices (k + 1) from the segment it was verified in.
         row_choice: dict[int, list[int]] = {}
+        row_node: dict[int, tuple[int, int]] = {}  # per row: (its view, its first node there)
         row_lp: dict[int, list] = {}  # per row, per node: the logprob record of its choice
-        for view, pick, lp in zip(views, picks, lps, strict=True):
+        for v, (view, pick, lp) in enumerate(zip(views, picks, lps, strict=True)):
             off = 0
             for i, n in zip(view.index, view.sizes, strict=True):
                 if i is not None:
                     row_choice[i] = pick[off : off + n]
+                    row_node[i] = (v, off)
                     if lp is not None and plan.decode[i].params.logprobs:
                         row_lp[i] = [self._lp_record(lp, off + j, pick[off + j]) for j in range(n)]
                 off += n
         paths: dict[str, list[list[int]]] = {name: [] for name in plan.drafts}
+        kept: list[list[int]] = [[] for _ in views]  # per view: the committed nodes' states
+        spans: dict[int, tuple[int, int, int]] = {}  # per row: (view, first in kept, count)
         moves_rows, moves_paths = [], []
         finished: list[tuple[Sequence, str]] = []
         B = len(plan.decode)
@@ -887,6 +921,10 @@ class Batch:
             path, nxt = walk(toks, parents, row_choice[i])
             if draft is not None:
                 paths[d.name].append(path)
+            if states is not None:
+                v, off = row_node[i]
+                spans[i] = (v, len(kept[v]), 1 + len(path))
+                kept[v] += [off] + [off + 1 + p for p in path]
             if parents is not None and path != list(range(len(path))):
                 moves_rows.append(s.slot)
                 moves_paths.append([0] + [p + 1 for p in path])
@@ -909,6 +947,8 @@ class Batch:
             reason = self._emit(s, emitted, lps)
             if reason is not None:
                 finished.append((s, reason))
+        if states is not None:
+            self._keep_committed_states(plan.decode, states, kept, spans)
         c0 = time.perf_counter()
         if moves_rows:  # before the lengths moved on: compact reads them as the base
             for r, p in zip(moves_rows, moves_paths, strict=True):
@@ -925,6 +965,20 @@ class Batch:
         for seq, reason in finished:  # after the drafters rolled back their state
             self._finish(seq, reason)
         return cache_s
+
+    @staticmethod
+    def _keep_committed_states(decode, states, kept, spans) -> None:
+        """Each decoding row keeps the states of the nodes it committed (root and accepted
+        path, in order): one gather per verify segment, evaluated now so that the step's
+        whole (N, D) states are not held for rows that read theirs later."""
+        taken = [
+            None if not idx else states[v][mx.array(np.asarray(idx, np.int32))]
+            for v, idx in enumerate(kept)
+        ]
+        mx.async_eval([t for t in taken if t is not None])
+        for i, s in enumerate(decode):
+            v, a, n = spans[i]
+            s.states.append(taken[v][a : a + n])
 
     def _emit(self, s: Sequence, tokens: list[int], lps: list | None) -> str | None:
         """Append a row's new tokens in order; the finish reason at the first that ends it

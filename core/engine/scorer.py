@@ -268,6 +268,7 @@ def forward(
     segments: list[Segment],
     stop: int | None = None,
     blocks: dict[int, nn.Module] | None = None,
+    states: list | None = None,
 ) -> list[mx.array | None]:
     """Run `segments` through the model's layers [start, stop) writing their K/V.
 
@@ -278,6 +279,10 @@ def forward(
     `blocks` (layer index -> a decoder layer) runs those layers instead of the model's own,
     reading and writing that layer's cache entries (a trained draft block); None (the
     default) runs the model's own layers.
+
+    `states`, a list the caller passes, receives per segment the last layer's hidden
+    states (before the final norm) where its logits are taken: (N_seg, D) for "all",
+    (R, D) for "last", None for "none" (what a feature-head drafter reads).
 
     The cache lengths are not changed: the caller commits what it keeps.
     """
@@ -322,11 +327,12 @@ def forward(
         hs = h[p.offset : p.offset + p.seg.n]
         if stop < len(layers):
             out.append(hs)
-        elif p.seg.logits == "all":
-            out.append(head(model, hs))
-        elif p.seg.logits == "last":
-            last = np.cumsum(p.seg.sizes) - 1
-            out.append(head(model, hs[mx.array(last.astype(np.int32))]))
-        else:
-            out.append(None)
+            continue
+        if p.seg.logits == "last":
+            hs = hs[mx.array((np.cumsum(p.seg.sizes) - 1).astype(np.int32))]
+        elif p.seg.logits != "all":
+            hs = None
+        out.append(None if hs is None else head(model, hs))
+        if states is not None:
+            states.append(hs)
     return out

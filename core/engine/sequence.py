@@ -58,6 +58,9 @@ class Sequence:
     t_submit: float = field(default_factory=time.perf_counter)
     t_admit: float | None = None
     batch_rows: int = 0  # sum over its decode steps of the rows in the step (for the mean)
+    # The target's last-layer states (n, D) at the positions it committed since a drafter
+    # that reads them (`reads_states`: the feature head) last did; kept only for such a one.
+    states: list = field(default_factory=list)
 
     @property
     def history(self) -> list[int]:
