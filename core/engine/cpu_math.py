@@ -61,6 +61,11 @@ def _normalised(e: mx.array, keep: mx.array) -> mx.array:
 
 def softmax(scores: mx.array, keep: mx.array) -> mx.array:
     """softmax over the last axis of the keys `keep` marks (1.0; 0.0 = masked, weight 0)."""
+    if scores.shape[-1] == 1:
+        # One key (a feature head's first pair): its weight is its mask. The functions
+        # below are compiled shapeless from calls with several keys, and MLX's shapeless
+        # graphs do not survive the reduction axis shrinking to 1 (a crash, seen here).
+        return mx.broadcast_to(keep, scores.shape)
     return _normalised(exp(_shifted(scores, keep)), keep)
 
 
