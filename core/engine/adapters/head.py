@@ -16,10 +16,14 @@ own next-token distribution at the answer positions, from the features `data.py`
 Measured here: teacher-forced top-1 agreement (the first draft token after a verify step,
 where the head reads the target's true state) and the second token's (the head reads its
 own prediction of the state, the token being the one the target chose).
+
+Stored like an early-exit adapter (`store.py`: an `Adapter` of kind "feature-head" whose
+layer is the target's layer count, after all of them) and drafted by `drafters/head.py`.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -29,6 +33,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..scorer import head
+from .block import Adapter, target_size
 from .data import Example, Features
 from .training import _kl, warmup_cosine
 
@@ -45,22 +50,28 @@ class FeatureHead(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        layers = model.model.layers
-        src = layers[-1]
-        if any(hasattr(m, "scales") for _, m in src.named_modules()):
-            raise ValueError("a feature head is trained over float weights, not quantized ones")
-        D = model.model.embed_tokens.weight.shape[1]
+        from mlx_lm.utils import dequantize_model
+
+        src = model.model.layers[-1]
+        D = model.args.hidden_size
+        dtype = model.model.norm.weight.dtype
         self.fc = nn.Linear(2 * D, D, bias=False)
-        self.fc.weight = mx.concatenate([mx.eye(D), mx.zeros((D, D))], axis=1)
-        self.block = type(src)(model.args)
-        self.block.update(src.parameters())
+        self.fc.weight = mx.concatenate([mx.eye(D), mx.zeros((D, D))], axis=1).astype(dtype)
+        if any(hasattr(m, "scales") for _, m in src.named_modules()):
+            self.block = dequantize_model(copy.deepcopy(src))  # trained in float
+        else:
+            self.block = type(src)(model.args)
+            self.block.update(src.parameters())
+
+    def fuse(self, model: nn.Module, h: mx.array, tokens: mx.array) -> mx.array:
+        """(..., D) target states at p and (...) tokens x_{p+1} -> (..., D) the block's input."""
+        e = model.model.embed_tokens(tokens)
+        return self.fc(mx.concatenate([model.model.norm(h), e], axis=-1))
 
     def __call__(self, model: nn.Module, h: mx.array, tokens: mx.array, mask=None) -> mx.array:
         """(B, T, D) target states at p and (B, T) tokens x_{p+1} -> (B, T, D) predicted
         states at p + 1."""
-        e = model.model.embed_tokens(tokens)
-        x = self.fc(mx.concatenate([model.model.norm(h), e], axis=-1))
-        return self.block(x, mask)
+        return self.block(self.fuse(model, h, tokens), mask)
 
 
 def new_head(model: nn.Module) -> FeatureHead:
@@ -72,6 +83,22 @@ def new_head(model: nn.Module) -> FeatureHead:
 def size(head_: FeatureHead) -> int:
     """Trained parameters."""
     return sum(v.size for _, v in tree_flatten(head_.trainable_parameters()))
+
+
+def new_head_adapter(model: nn.Module) -> Adapter:
+    """An untrained feature head as the store keeps it: kind "feature-head", its layer the
+    target's layer count (it reads the states after the last layer)."""
+    return Adapter(KIND, len(model.model.layers), new_head(model))
+
+
+def weight_share(model: nn.Module) -> float:
+    """The share of the target's weights one draft token reads: the head's fusion and block
+    and the target's output head."""
+    emb = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
+    head_ = sum(v.size for _, v in tree_flatten(emb.parameters()))
+    D = model.args.hidden_size
+    block = sum(v.size for _, v in tree_flatten(model.model.layers[-1].parameters()))
+    return (2 * D * D + block + head_) / target_size(model)
 
 
 @dataclass

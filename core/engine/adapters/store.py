@@ -29,10 +29,14 @@ import mlx.core as mx
 from ..costs import data_dir
 from ..draft_length import best_length
 from ..model import LoadedModel
-from .block import Adapter, new_adapter, weight_share
+from .block import KIND, Adapter, new_adapter, weight_share
+from .head import KIND as HEAD
+from .head import new_head_adapter
+from .head import weight_share as head_share
 
 FORMAT = "applespec-adapter/1"
 VOCAB = "draft_vocab"  # the reduced draft vocabulary's token ids, when there is one
+KINDS = (KIND, HEAD)  # an early-exit adapter, a feature head
 HINT = "run `applespec calibrate --model {model} --data PROMPTS.jsonl` to train one"
 
 
@@ -122,11 +126,18 @@ def load(path: Path | str, target: LoadedModel) -> Adapter:
             f"{path} was made for model {meta.get('model')!r} (key {meta.get('model_key')}), "
             f"not for {target.name!r} (key {key})"
         )
-    layer = meta.get("layer")
-    if meta.get("kind") != "early-exit" or not isinstance(layer, int):
-        raise AdapterError(f"{path}: unknown adapter kind {meta.get('kind')!r}")
+    layer, kind = meta.get("layer"), meta.get("kind")
+    if kind not in KINDS or not isinstance(layer, int):
+        raise AdapterError(f"{path}: unknown adapter kind {kind!r}")
     try:
-        adapter = new_adapter(target.model, layer)
+        if kind == HEAD:
+            if layer != target.num_layers:
+                raise ValueError(
+                    f"a feature head after layer {layer}, the target has {target.num_layers}"
+                )
+            adapter = new_head_adapter(target.model)
+        else:
+            adapter = new_adapter(target.model, layer)
     except ValueError as e:
         raise AdapterError(f"{path}: {e}") from e
     stat = path.stat()
@@ -173,9 +184,11 @@ def load(path: Path | str, target: LoadedModel) -> Adapter:
     return adapter
 
 
-def stored(target: LoadedModel, layer: int | None = None) -> list[tuple[dict, Path]]:
-    """Readable adapters stored for `target` (at `layer` if given), best agreement first.
-    Unreadable files are skipped here; `load` says what is wrong with one."""
+def stored(
+    target: LoadedModel, layer: int | None = None, kind: str | None = None
+) -> list[tuple[dict, Path]]:
+    """Readable adapters stored for `target` (at `layer`, of `kind`, if given), best
+    agreement first. Unreadable files are skipped here; `load` says what is wrong with one."""
     folder = adapters_dir() / model_key(target)
     out = []
     for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
@@ -185,7 +198,7 @@ def stored(target: LoadedModel, layer: int | None = None) -> list[tuple[dict, Pa
             meta = read_meta(path)
         except AdapterError:
             continue
-        if layer is None or meta.get("layer") == layer:
+        if (layer is None or meta.get("layer") == layer) and kind in (None, meta.get("kind")):
             out.append((meta, path))
     out.sort(key=lambda mp: -float(mp[0].get("agreement", 0.0)))
     return out
@@ -199,6 +212,9 @@ def promise(
     target's weights one of its draft tokens reads, and `verify_cost(w)` (a step verifying w
     tokens per row, in plain steps; default: free width, an accelerator at batch 1)."""
     layer = meta.get("layer")
+    a = min(max(float(meta.get("agreement", 0.0)), 0.0), 1.0)
+    if meta.get("kind") == HEAD:
+        return best_length(a, head_share(target.model), verify_cost)
     if not isinstance(layer, int) or not 0 < layer < target.num_layers:
         return 0, 0.0
     share = weight_share(target.model, layer, meta.get("vocab_size"))
@@ -210,18 +226,23 @@ def best(
     target: LoadedModel,
     layer: int | None = None,
     verify_cost: Callable[[int], float] | None = None,
+    kind: str | None = None,
 ) -> Adapter:
-    """The stored adapter for `target` (at `layer` if given) that promises the most speedup
-    (`promise`; the higher agreement breaks ties, as when none pays) and loads; raises
-    AdapterError naming `applespec calibrate` when there is none."""
+    """The stored adapter for `target` (at `layer`, of `kind`, if given) that promises the
+    most speedup (`promise`; the higher agreement breaks ties, as when none pays) and
+    loads; raises AdapterError naming `applespec calibrate` when there is none."""
     errors = []
-    ranked = sorted(stored(target, layer), key=lambda mp: -promise(target, mp[0], verify_cost)[1])
+    ranked = sorted(
+        stored(target, layer, kind), key=lambda mp: -promise(target, mp[0], verify_cost)[1]
+    )
     for _, path in ranked:
         try:
             return load(path, target)
         except AdapterError as e:
             errors.append(str(e))
     where = f" at layer {layer}" if layer is not None else ""
+    if kind == HEAD:
+        where, layer = " (feature head)", "head"
     hint = HINT.format(model=target.name) + (f" --exit-layer {layer}" if layer else "")
     why = f" ({errors[0]})" if errors else ""
     raise AdapterError(

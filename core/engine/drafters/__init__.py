@@ -73,9 +73,14 @@ def _suffix(engine, arg):
 
 
 def _adapter(engine, arg):
+    adapter = engine.engine.adapter
+    if adapter.kind == "feature-head":
+        from .feature_head import FeatureHeadDrafter
+
+        return [FeatureHeadDrafter(engine.target, engine.capacity, adapter)]
     from .adapter import AdapterDrafter
 
-    return [AdapterDrafter(engine.target, engine.cache, engine.engine.adapter)]
+    return [AdapterDrafter(engine.target, engine.cache, adapter)]
 
 
 def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, pricing=None):
@@ -84,16 +89,18 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, 
     most speedup at the verify cost `pricing()` gives (store.promise; called only for a
     spec that uses one, as it may read the kept surface; None or giving None: width free).
 
-    `adapter[:L]` raises AdapterError (a ValueError naming `applespec calibrate`) when no
-    usable one is stored, unless `untrained` (online learning) and L is given: then an
-    untrained adapter at L (a copy of layer L) starts; `auto` takes the best one that
-    loads, else goes without.
+    `adapter[:L]` and `head` raise AdapterError (a ValueError naming `applespec calibrate`)
+    when no usable one is stored, unless `untrained` (online learning) and L is given: then
+    an untrained adapter at L (a copy of layer L) starts; `auto` takes the best one that
+    loads, else goes without. `adapter` (no L) and `auto` consider every kind.
     """
-    if name not in ("adapter", "auto"):
+    if name not in ("adapter", "auto", "head"):
         return None
     from ..adapters.store import AdapterError, best
 
     verify_cost = pricing() if pricing is not None else None
+    if name == "head":
+        return best(target, verify_cost=verify_cost, kind="feature-head")
     if name == "adapter":
         try:
             return best(target, int(arg) if arg else None, verify_cost)
@@ -141,6 +148,12 @@ ENTRIES = [
         "a trained self-drafter (`applespec calibrate`): the best stored, or at layer L",
         _adapter,
         _adapter_layer,
+    ),
+    Entry(
+        "head",
+        None,
+        "the trained feature head over the target's last states (`calibrate --exit-layer head`)",
+        _adapter,
     ),
     Entry("tree", None, "per-row token trees of prompt-lookup candidates", _tree),
     Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),
