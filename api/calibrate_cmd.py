@@ -51,7 +51,8 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
     "exit_layers",
     help="L: the target's first L layers run before the trained block (default: a fifth "
     "of the layers); several (4,6,8) train one adapter each on the same answers and report "
-    "which promises the most speedup (`--draft adapter` takes that one).",
+    "which promises the most speedup (`--draft adapter` takes that one). `head` trains the "
+    "feature head over the last layer's states instead (`--draft head`), e.g. 6,head.",
 )
 @click.option(
     "--tokens",
@@ -108,18 +109,22 @@ def calibrate_cmd(
     no_save,
     as_json,
 ) -> None:
-    """Train an early-exit adapter from the model's own answers to a workload's prompts.
+    """Train an early-exit adapter (or with `--exit-layer head` the feature head) from the
+    model's own answers to a workload's prompts.
 
     The distinct prompts are split (a seeded hash) into training prompts and held-out
     prompts never trained on. The model answers all of them, batched; the adapter (one
     trained block after layer L, the model's own norm and head) learns the model's
     next-token distributions on the training answers. Prints held-out agreement with the
     full model before and after, and the learning curve; stores the adapter under
-    APPLESPEC_HOME/adapters/ for `--draft adapter:L` / `--draft adapter` / `auto`.
+    APPLESPEC_HOME/adapters/ for `--draft adapter:L` / `--draft adapter` / `auto`. The
+    feature head (EAGLE-style: the last layer's state and the next token's embedding, one
+    trained block, the model's norm and head) is stored beside them for `--draft head`.
 
     \b
     Example:
         applespec calibrate --data examples/jobs/open-256.jsonl --exit-layer 6 --tokens 60000
+        applespec calibrate --data examples/jobs/open-256.jsonl --exit-layer 6,head
     """
     from core.engine import ModelError, load_model
     from core.engine.adapters.calibration import calibrate
@@ -200,6 +205,7 @@ def calibrate_cmd(
             click.echo(json.dumps(reports[0].to_json(), indent=2))
         else:
             out = {"layers": [r.to_json() for r in reports], "chosen": chosen.layer}
+            out["chosen_kind"] = chosen.kind
             click.echo(json.dumps({**out, "priced_at": priced}, indent=2))
         return
     for report in reports:
@@ -208,32 +214,43 @@ def calibrate_cmd(
         click.echo(f"by layer ({priced}):")
         for r in reports:
             click.echo(
-                f"  L{r.layer:<3} agreement {r.after:.3f}  draft token {r.draft_share:.1%} of "
+                f"  {_name(r):<5} agreement {r.after:.3f}  draft token {r.draft_share:.1%} of "
                 f"the model  -> k {r.draft_length}, {r.speedup:.2f}x"
             )
-        click.echo(f"chosen: layer {chosen.layer} (`--draft adapter` takes it)")
+        click.echo(f"chosen: {_name(chosen)} (`--draft adapter` takes it)")
 
 
-def _layers(spec: str | None, n: int) -> list[int]:
-    """`--exit-layer 6` or `4,6,8` -> the layers (default: a fifth of the model's)."""
+def _layers(spec: str | None, n: int) -> list[int | str]:
+    """`--exit-layer 6`, `4,6,8` or `6,head` -> the layers, "head" last (default: a fifth
+    of the model's)."""
     if spec is None:
         return [max(1, n // 5)]
+    parts = [x.strip() for x in spec.split(",")]
     try:
-        layers = [int(x) for x in spec.split(",")]
+        layers = [int(x) for x in parts if x != "head"]
     except ValueError:
         raise click.ClickException(
-            f"--exit-layer takes a layer or a comma-separated list (4,6,8), got {spec!r}"
+            f"--exit-layer takes a layer, `head` or a comma-separated list (4,6,head), got {spec!r}"
         ) from None
     for layer in layers:
         if not 0 < layer < n:
             raise click.ClickException(f"--exit-layer must be between 1 and {n - 1}, got {layer}")
-    return sorted(set(layers))
+    return sorted(set(layers)) + (["head"] if "head" in parts else [])
+
+
+def _name(report) -> str:
+    return "feature head" if report.kind == "feature-head" else f"L{report.layer}"
 
 
 def _print(report) -> None:
     layer = report.layer
+    what = (
+        "feature head over the last layer's states"
+        if report.kind == "feature-head"
+        else f"early-exit adapter at layer {layer}"
+    )
     click.echo(
-        f"{report.model}: early-exit adapter at layer {layer}, {report.params:,} trained "
+        f"{report.model}: {what}, {report.params:,} trained "
         f"parameters ({report.params_share:.1%} of the model)"
     )
     click.echo(
@@ -241,11 +258,12 @@ def _print(report) -> None:
         f"{report.held_out_prompts} held out ({report.held_out_positions} positions)"
     )
     click.echo("held-out top-1 agreement with the full model:")
-    click.echo(f"  early exit at {layer} (untrained)   {report.early_exit:.3f}")
-    click.echo(f"  adapter before training       {report.before:.3f}  (KL {report.kl_before:.3f})")
-    click.echo(
-        f"  adapter after {report.tokens} positions  {report.after:.3f}  (KL {report.kl_after:.3f})"
-    )
+    if report.early_exit is not None:
+        click.echo(f"  early exit at {layer} (untrained)   {report.early_exit:.3f}")
+    click.echo(f"  before training               {report.before:.3f}  (KL {report.kl_before:.3f})")
+    click.echo(f"  after {report.tokens} positions  {report.after:.3f}  (KL {report.kl_after:.3f})")
+    if report.second is not None:
+        click.echo(f"  second draft token (reads its own predicted state)  {report.second:.3f}")
     if report.draft_vocab is not None:
         click.echo(f"  (the adapter drafts the {report.draft_vocab} tokens its answers hold most)")
     click.echo("learning curve (training positions seen -> agreement):")

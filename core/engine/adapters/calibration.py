@@ -20,6 +20,8 @@ import mlx.core as mx
 from ..model import LoadedModel
 from .block import new_adapter, target_size, weight_share
 from .data import answer, answer_cached, features, features_cached, split, top_tokens
+from .head import head_examples, new_head_adapter, train_head
+from .head import weight_share as head_share
 from .store import model_key, promise, save
 from .training import TrainConfig, evaluate, train
 
@@ -29,12 +31,16 @@ class Calibration:
     """What one calibration measured (agreements are held-out top-1, KL in nats).
 
     Attributes:
-        early_exit: plain early exit at L (no trained block).
+        kind: "early-exit" (an adapter at `layer`) or "feature-head" (`layer` is then the
+            target's layer count: the head reads the states after the last layer).
+        early_exit: plain early exit at L (no trained block; None for a feature head).
         before: the untrained adapter (layer L copied: early exit at L + 1).
         after: the trained adapter.
         draft_vocab: the reduced draft vocabulary's size (None: the whole vocabulary); the
             adapter's agreements are then through it.
         curve: [(training positions seen, agreement)].
+        second: a feature head's agreement on the second draft token (it reads its own
+            predicted state), None for an adapter.
         path: where the adapter was stored (None: not stored).
         draft_share: the share of the target's weights one draft token reads.
         draft_length, speedup: what `after` promises (store.promise): the draft length
@@ -50,7 +56,7 @@ class Calibration:
     held_out_prompts: int
     train_positions: int
     held_out_positions: int
-    early_exit: float
+    early_exit: float | None
     before: float
     after: float
     kl_before: float
@@ -63,6 +69,8 @@ class Calibration:
     draft_share: float = 0.0
     draft_length: int = 0
     speedup: float = 1.0
+    kind: str = "early-exit"
+    second: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -74,7 +82,7 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 def calibrate(
     target: LoadedModel,
     prompts: list[list[int]],
-    layer: int,
+    layer: int | str,
     max_tokens: int | list[int] = 128,
     config: TrainConfig | None = None,
     held_out: float = 0.2,
@@ -87,7 +95,8 @@ def calibrate(
     verify_cost: Callable[[int], float] | None = None,
     memo: dict | None = None,
 ) -> Calibration:
-    """Train, measure and (with `store`) keep an early-exit adapter at `layer`. With
+    """Train, measure and (with `store`) keep an early-exit adapter at `layer`, or with
+    `layer` "head" the feature head over the target's last states (adapters/head.py). With
     `answers`, the target's answers are kept in that file (and their features at the layer
     beside it, `<answers>.L<layer>.safetensors`) and reused by a later run on the same model,
     prompts and settings (answering and the features are most of a short calibration). With
@@ -100,7 +109,11 @@ def calibrate(
         ValueError: a layer out of range, or fewer than two distinct prompts.
     """
     cfg = config or TrainConfig()
-    adapter = new_adapter(target.model, layer)  # checks the layer first
+    is_head = layer == "head"
+    if is_head and draft_vocab:
+        raise ValueError("a reduced draft vocabulary is for early-exit adapters, not the head")
+    # (checks the layer first)
+    adapter = new_head_adapter(target.model) if is_head else new_adapter(target.model, layer)
     caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     cap_of = {repr(p): c for p, c in zip(prompts, caps, strict=True)}
     train_p, held_p = split(prompts, held_out, cfg.seed)
@@ -155,11 +168,14 @@ def calibrate(
     feats, feats_reused = features_cached(
         feats_path,
         {**key, "layer": layer},
-        lambda: features(target, train_ex, layer) + features(target, held_ex, layer),
+        lambda: (
+            features(target, train_ex, 1 if is_head else layer)
+            + features(target, held_ex, 1 if is_head else layer)
+        ),
     )
     train_f, held_f = feats[: len(train_ex)], feats[len(train_ex) :]
     times["features_s" if not feats_reused else "features_reused_s"] = time.perf_counter() - t1
-    early, _ = evaluate(target.model, None, held_f)
+    early = None if is_head else evaluate(target.model, None, held_f)[0]
     t2 = time.perf_counter()
     seen = [0]
 
@@ -169,17 +185,21 @@ def calibrate(
 
     if draft_vocab:
         adapter.vocab = top_tokens(train_ex, draft_vocab, target.eos_token_ids)
-    result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
+    if is_head:
+        result = _train_head(target, adapter, train_ex, train_f, held_ex, held_f, cfg, stepped)
+    else:
+        result = train(target.model, adapter, train_f, held_f, cfg, on_step=stepped)
     if not all(mx.isfinite(v).all().item() for v in adapter.trainable().values()):
         raise ValueError(
-            f"training the adapter at layer {layer} diverged (non-finite weights); "
+            f"training the {'feature head' if is_head else f'adapter at layer {layer}'} "
+            "diverged (non-finite weights); "
             f"nothing stored: try a lower learning rate (--lr, now {cfg.lr:g})"
         )
     times["train_s"] = time.perf_counter() - t2
     params = adapter.size()
     report = Calibration(
         model=target.name,
-        layer=layer,
+        layer=adapter.layer,
         params=params,
         params_share=params / target_size(target.model),
         train_prompts=len(train_p),
@@ -195,9 +215,20 @@ def calibrate(
         curve=result.curve,
         seconds={k: round(v, 2) for k, v in times.items()},
         draft_vocab=None if adapter.vocab is None else int(adapter.vocab.size),
+        kind=adapter.kind,
+        second=getattr(result, "second", None),
     )
-    report.draft_share = weight_share(target.model, layer, report.draft_vocab)
-    meta = {"layer": layer, "agreement": result.after, "vocab_size": report.draft_vocab}
+    report.draft_share = (
+        head_share(target.model)
+        if is_head
+        else weight_share(target.model, layer, report.draft_vocab)
+    )
+    meta = {
+        "kind": adapter.kind,
+        "layer": adapter.layer,
+        "agreement": result.after,
+        "vocab_size": report.draft_vocab,
+    }
     report.draft_length, report.speedup = promise(target, meta, verify_cost)
     if store:
         meta = {
@@ -207,5 +238,44 @@ def calibrate(
             "curve": result.curve,
             "held_out_positions": report.held_out_positions,
         }
+        if is_head:
+            meta["second"] = report.second
         report.path = str(save(target, adapter, meta))
     return report
+
+
+@dataclass
+class _HeadResult:
+    """`train_head`'s report in `training.TrainResult`'s terms (agreement: the first draft
+    token; `second`: the second)."""
+
+    before: float
+    after: float
+    kl_before: float
+    kl_after: float
+    tokens: int
+    curve: list[tuple[int, float]]
+    second: float
+
+
+def _train_head(target, adapter, train_ex, train_f, held_ex, held_f, cfg, stepped) -> _HeadResult:
+    r = train_head(
+        target.model,
+        adapter.block,
+        head_examples(train_ex, train_f),
+        head_examples(held_ex, held_f),
+        tokens=cfg.tokens,
+        lr=cfg.lr,
+        eval_every=cfg.eval_every,
+        seed=cfg.seed,
+        on_step=lambda n, _loss: stepped(n),
+    )
+    return _HeadResult(
+        before=r["before"],
+        after=r["after"],
+        kl_before=r["kl_before"],
+        kl_after=r["kl_after"],
+        tokens=r["tokens"],
+        curve=[(seen, a1) for seen, a1, _ in r["curve"]],
+        second=r["after_second"],
+    )
