@@ -157,3 +157,47 @@ def test_answers_are_kept_and_reused(tmp_path):
     assert json.loads(again.stdout)["after"] == json.loads(first.stdout)["after"]  # seeded
     other = _calibrate(*args, "--answers", str(answers), "--json", "--no-save", "--seed", "1")
     assert "answers_s" in json.loads(other.stdout)["seconds"]  # other settings: answered again
+
+
+def test_calibrate_head_stores_a_feature_head_the_engine_drafts_with(tmp_path, home):
+    """`--exit-layer 2,head`: one adapter and the feature head on the same answers; the
+    head is stored under its own kind and `--draft head` drafts with it, losslessly."""
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    args = ["--data", job, "--exit-layer", "2,head", "--tokens", "1500", "--max-tokens", "12"]
+    result = _calibrate(*args, "--samples", "0", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    by_kind = {r["kind"]: r for r in report["layers"]}
+    assert set(by_kind) == {"early-exit", "feature-head"}
+    assert by_kind[report["chosen_kind"]]["layer"] == report["chosen"]
+    fh = by_kind["feature-head"]
+    assert fh["layer"] == 4 and fh["early_exit"] is None and fh["second"] is not None
+    assert fh["after"] > fh["before"] and fh["kl_after"] < fh["kl_before"]
+    assert fh["draft_share"] < by_kind["early-exit"]["draft_share"]
+    assert list(home.glob("adapters/*/feature-head-L4-*.safetensors"))
+
+    from core.engine import CostSurface, Engine, GenerationParams, load_model
+
+    target = load_model("tiny-random")
+    prompt = target.encode_prompt("Describe the blue thing.")
+    params = GenerationParams(max_tokens=16)
+    flat = CostSurface.flat()
+    want = Engine(target, draft="none", surface=flat, batch_size=1).generate(prompt, params)
+    got = Engine(target, draft="head", k=2, surface=flat, batch_size=1).generate(prompt, params)
+    assert got.tokens == want.tokens
+    assert got.speculative["draft_tokens"] > 0
+
+
+def test_calibrate_head_prints_the_second_token(tmp_path):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    args = ["--data", job, "--exit-layer", "head", "--tokens", "400", "--max-tokens", "6"]
+    result = _calibrate(*args, "--samples", "0", "--no-save")
+    assert result.exit_code == 0, result.output
+    assert "feature head over the last layer's states" in result.stdout
+    assert "second draft token" in result.stdout and "early exit at" not in result.stdout
+
+
+@pytest.mark.parametrize("spec", ["head,x", "heads"])
+def test_exit_layer_head_misspelled(tmp_path, spec):
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    _one_line_error(_calibrate("--data", job, "--exit-layer", spec), "comma-separated")

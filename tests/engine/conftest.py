@@ -82,3 +82,21 @@ def store_adapter(target: LoadedModel, layer: int, tokens: int = 600, prompts=No
 def adapter_home(tmp_path_factory):
     """One APPLESPEC_HOME for the session's stored test adapters."""
     return tmp_path_factory.mktemp("adapter-home")
+
+
+def store_head(target: LoadedModel, tokens: int = 2000, prompts=None):
+    """Train a feature head for `target` briefly (seeded) and store it under the current
+    APPLESPEC_HOME, unless one is stored already; returns its path."""
+    from core.engine.adapters import answer, features, save, stored
+    from core.engine.adapters.head import head_examples, new_head_adapter, train_head
+
+    have = stored(target, kind="feature-head")
+    if have:
+        return have[0][1]
+    texts = prompts or ADAPTER_PROMPTS
+    ids = [target.encode_prompt(t) if isinstance(t, str) else list(t) for t in texts]
+    ex = answer(target, ids, 24, samples=1)
+    pairs = head_examples(ex, features(target, ex, 1))
+    adapter = new_head_adapter(target.model)
+    r = train_head(target.model, adapter.block, pairs, pairs, tokens=tokens, eval_every=0)
+    return save(target, adapter, {"agreement": r["after"], "second": r["after_second"]})

@@ -45,3 +45,89 @@ def test_training_the_head_lowers_the_kl_and_raises_held_out_agreement(make_tiny
     again = new_head(target.model)
     r2 = train_head(target.model, again, tr, ho, tokens=6000, batch=8, eval_every=2000, seed=0)
     assert r2["curve"] == r["curve"]  # seeded
+
+
+# -- the head as an engine drafter (`--draft head`) -------------------------------------
+
+
+def _offline_chain(target, head_, prompt: list[int], output: list[int], k: int) -> list[int]:
+    """The chain the head drafts after `prompt + output`, computed over whole sequences:
+    the target's states at positions len(prompt) - 1 .. end - 2 paired with the output
+    tokens, the head causally over all pairs, each drafted token's pair appended with the
+    predicted state (EAGLE's chain), greedy."""
+    from core.engine.adapters.block import prefix_hidden
+
+    ids = mx.array([prompt + output[:-1]])
+    _, final = prefix_hidden(target.model, ids, 1)
+    h = final[0, len(prompt) - 1 :]  # (n, D): one state per output token
+    toks = list(output)
+    out = []
+    for _ in range(k):
+        pred = head_(target.model, h[None], mx.array([toks]), "causal" if len(toks) > 1 else None)
+        nxt = int(head(target.model, pred[0, -1]).argmax().item())
+        out.append(nxt)
+        h = mx.concatenate([h, pred[0, -1:]])
+        toks.append(nxt)
+    return out
+
+
+def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
+    make_tiny, adapter_home, monkeypatch
+):
+    """Every chain the batched engine drafts (rows joining, finishing, other rows'
+    steps, prefill and plain steps between) is the head's chain over the row's whole
+    history: the states it reads are the target's at exactly those positions."""
+    from core.engine import CostSurface, Engine, GenerationParams
+    from core.engine.drafters.feature_head import FeatureHeadDrafter
+    from tests.engine.conftest import store_head
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    seen = []
+    propose = FeatureHeadDrafter.propose
+
+    def spy(self, seqs, ks):
+        draft = propose(self, seqs, ks)
+        toks = draft.tokens.tolist()
+        for i, s in enumerate(seqs):
+            seen.append((list(s.prompt), list(s.output), toks[i][: ks[i]], self.adapter.block))
+        return draft
+
+    monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=10 + 7 * i))
+        for i, p in enumerate(WORKLOAD[:5])
+    ]
+    eng = Engine(target, draft="head", surface=CostSurface.flat(), batch_size=3, k=3)
+    eng.generate_many(reqs)
+    assert len(seen) > 10
+    for prompt, output, drafted, head_ in seen:
+        want = _offline_chain(target, head_, prompt, output, len(drafted))
+        assert drafted == want, (len(output), drafted, want)
+
+
+def test_a_head_for_another_model_is_refused_and_none_stored_names_calibrate(
+    make_tiny, tmp_path, monkeypatch
+):
+    import pytest
+
+    from core.engine import CostSurface, Engine
+    from core.engine.adapters import AdapterError, load, save
+    from core.engine.adapters.head import new_head_adapter
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    a, b = make_tiny(0), make_tiny(1)
+    with pytest.raises(AdapterError, match="--exit-layer head"):
+        Engine(b, draft="head", surface=CostSurface.flat(), batch_size=1)
+    path = save(a, new_head_adapter(a.model), {"agreement": 0.5})
+    assert path.name.startswith("feature-head-")
+    assert load(path, a).kind == "feature-head"
+    with pytest.raises(AdapterError, match="was made for model"):
+        load(path, b)
+    path.write_bytes(path.read_bytes()[:-100])  # truncated
+    with pytest.raises(AdapterError, match="corrupt"):
+        load(path, a)
+    # `auto` goes on without it.
+    eng = Engine(a, draft="auto", surface=CostSurface.flat(), batch_size=1)
+    assert eng.adapter is None

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
-from tests.engine.conftest import SMALL_VOCAB, store_adapter
+from tests.engine.conftest import SMALL_VOCAB, store_adapter, store_head
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog",
@@ -29,6 +29,7 @@ DRAFTERS = [
     "adapter:1",
     "adapter:3",
     "adapter",
+    "head",
 ]
 FLAT = CostSurface.flat()
 TIE = 1e-3  # a tiny model's top-two logit gap below which GPU rounding may pick either
@@ -44,6 +45,8 @@ def engine(target, drafter, make_tiny, k=None, batch=4, **kw):
     if drafter.startswith("adapter") or drafter == "auto":
         for layer in (1, target.num_layers - 1):  # L + 1 = the last layer: forward's head
             store_adapter(target, layer)
+    if drafter == "head":
+        store_head(target)
     if drafter.startswith("draft-model"):
         kw["draft_model"] = target if drafter.endswith("same") else make_tiny(99)
         kw.setdefault("draft_cost", 0.1)
@@ -163,6 +166,7 @@ def _exact_two_tokens(model, prompt, V):
         "adapter:1",
         "adapter:2",
         "adapter:1+learn",
+        "head",
     ],
 )
 def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
@@ -186,6 +190,8 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
         extra = {"learn": 1.0}  # a unit of learning every step: the same swaps on any machine
     if drafter.startswith("adapter"):
         store_adapter(target, int(drafter.split(":")[1]), prompts=[[0, 1, 2], [3, 4, 5, 1]])
+    if drafter == "head":
+        store_head(target, prompts=[[0, 1, 2], [3, 4, 5, 1]])
     exact = [_exact_two_tokens(target.model, p, V) for p in prompts]
     eng = Engine(target, draft=drafter, k=3, surface=FLAT, batch_size=3, **extra)
     if eng.learner is not None:
