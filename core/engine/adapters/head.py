@@ -215,7 +215,11 @@ def train_head(
     """Train `head_` in place: KL(full || draft) + `feature_weight` x smooth-L1 between the
     predicted and the target's normalized states (EAGLE's regression, which keeps the
     chain's fed-back states close to real ones). Returns before / after agreements (first
-    and second token), KL and the learning curve [(positions seen, first, second)]."""
+    and second token), KL and the learning curve [(positions seen, first, second)].
+
+    Like the early-exit adapter (`training.train`), the head trains in float32 whatever the
+    target runs in (on a float16 GPU target Adam's moments go non-finite) and returns to the
+    target's dtype before the final measurement."""
     if not train_exs:
         raise ValueError("no training examples")
     rng = np.random.default_rng(seed)
@@ -237,6 +241,8 @@ def train_head(
 
     step_fn = nn.value_and_grad(head_, loss_fn)
     b1, b2, kb = evaluate(model, head_, held_exs)
+    serving = norm.weight.dtype
+    head_.set_dtype(mx.float32)
     out = {"before": b1, "before_second": b2, "kl_before": kb, "curve": [(0, b1, b2)]}
     seen, next_eval, step = 0, eval_every, 0
     while step < steps:
@@ -246,7 +252,7 @@ def train_head(
                 break
             group = sorted((train_exs[j] for j in order[i : i + batch]), key=lambda x: x.n)
             h, toks, teacher, idx = _batch(group)
-            loss, grads = step_fn(h, toks, teacher, idx)
+            loss, grads = step_fn(h.astype(mx.float32), toks, teacher, idx)
             opt.update(head_, grads)
             mx.eval(head_.parameters(), opt.state, loss)
             seen += teacher.shape[0]
@@ -257,6 +263,7 @@ def train_head(
                 a1, a2, _ = evaluate(model, head_, held_exs)
                 out["curve"].append((seen, a1, a2))
                 next_eval += eval_every
+    head_.set_dtype(serving)
     a1, a2, ka = evaluate(model, head_, held_exs)
     out.update(after=a1, after_second=a2, kl_after=ka, tokens=seen)
     out["curve"].append((seen, a1, a2))
