@@ -176,17 +176,16 @@ online)  # -> h200-online-{open,labeling}-200.json: 200-item jobs whose untraine
       --share 0.1 -o "$OUT/h200-online-$kind-200.json" 2>&1 | grep -v '^ ' | tail -12
   done
   ;;
-head)  # -> h200-calibrate-open-6-head.json, h200-calibrate-open-head-1M.json: the feature head and an L6 adapter from 195 open prompts (200k positions each), then the head again for 1M positions (what limits it); stored under $APPLESPEC_HOME for head-heldout
+head)  # -> h200-calibrate-open-6-head.json, h200-calibrate-open-head-1M.json: an L6 adapter and the feature head from 195 open prompts (200k positions each), then the head again for 1M positions (13 passes over the 74.5k), which is the head kept for head-heldout (the 200k head ran it first: h200-head-200k-open-held-out.json)
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   cal() { python3 -c 'from api.cli import main; main()' calibrate --data "$HOME/open-3000.jsonl" \
     --samples 3 --answers "$HOME/open-answers.json" --json "$@" 2>> "$OUT/calibrate.log"; }
   cal --exit-layer 6,head --tokens 200000 > "$OUT/h200-calibrate-open-6-head.json" || tail -3 "$OUT/calibrate.log"
-  cp "$APPLESPEC_HOME"/adapters/*/feature-head-*.safetensors "$OUT/" 2>/dev/null || true
-  timeout ${LONG_S:-150} bash -c "$(declare -f cal); cal --exit-layer head --tokens 1000000 --no-save" \
-    > "$OUT/h200-calibrate-open-head-1M.json" || tail -3 "$OUT/calibrate.log"
+  rm -f "$APPLESPEC_HOME"/adapters/*/feature-head-*.safetensors
+  cal --exit-layer head --tokens 1000000 > "$OUT/h200-calibrate-open-head-1M.json" || tail -3 "$OUT/calibrate.log"
   tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true
   ;;
-head-heldout)  # -> h200-head-open-held-out.json: the stored head and L6 adapter (the head case, same $APPLESPEC_HOME) on the 49 held-out open prompts at batch 1 and 64, head / adapter:6 / none side by side
+head-heldout)  # -> h200-head-open-held-out.json: the stored head and L6 adapter (after the head case, the same APPLESPEC_HOME=$HOME/...) on the 49 held-out open prompts at batch 1 and 64, head / adapter:6 / none side by side
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   timeout ${BENCH_S:-500} python3 -c 'from api.bench_cmd import bench; bench()' \
