@@ -35,17 +35,19 @@ def test_calibrate_stores_an_adapter_the_engine_drafts_with(tmp_path, home):
     assert report["curve"][0][0] == 0 and report["curve"][-1][0] == report["tokens"]
     assert len(report["curve"]) >= 3
     assert list(home.glob("adapters/*/early-exit-L2-*.safetensors"))
+    _drafts_losslessly("adapter:2", "Describe the red thing.")
 
+
+def _drafts_losslessly(draft: str, text: str) -> None:
+    """The stored drafter drafts on `text` and the output is plain greedy's."""
     from core.engine import CostSurface, Engine, GenerationParams, load_model
 
     target = load_model("tiny-random")
-    prompt = target.encode_prompt("Describe the red thing.")
+    prompt = target.encode_prompt(text)
     params = GenerationParams(max_tokens=16)
     flat = CostSurface.flat()
     want = Engine(target, draft="none", surface=flat, batch_size=1).generate(prompt, params)
-    got = Engine(target, draft="adapter:2", k=2, surface=flat, batch_size=1).generate(
-        prompt, params
-    )
+    got = Engine(target, draft=draft, k=2, surface=flat, batch_size=1).generate(prompt, params)
     assert got.tokens == want.tokens
     assert got.speculative["draft_tokens"] > 0
 
@@ -175,17 +177,7 @@ def test_calibrate_head_stores_a_feature_head_the_engine_drafts_with(tmp_path, h
     assert fh["after"] > fh["before"] and fh["kl_after"] < fh["kl_before"]
     assert fh["draft_share"] < by_kind["early-exit"]["draft_share"]
     assert list(home.glob("adapters/*/feature-head-L4-*.safetensors"))
-
-    from core.engine import CostSurface, Engine, GenerationParams, load_model
-
-    target = load_model("tiny-random")
-    prompt = target.encode_prompt("Describe the blue thing.")
-    params = GenerationParams(max_tokens=16)
-    flat = CostSurface.flat()
-    want = Engine(target, draft="none", surface=flat, batch_size=1).generate(prompt, params)
-    got = Engine(target, draft="head", k=2, surface=flat, batch_size=1).generate(prompt, params)
-    assert got.tokens == want.tokens
-    assert got.speculative["draft_tokens"] > 0
+    _drafts_losslessly("head", "Describe the blue thing.")
 
 
 def test_calibrate_head_prints_the_second_token(tmp_path):
