@@ -23,6 +23,13 @@ def _calibrate(*args):
     return CliRunner().invoke(cli, ["calibrate", "--model", "tiny-random", *args])
 
 
+def _report(*args) -> dict:
+    """`calibrate ... --json` that succeeds, its report."""
+    result = _calibrate(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 def test_calibrate_stores_an_adapter_the_engine_drafts_with(tmp_path, home):
     job = write_job(tmp_path / "job.jsonl", LINES)
     args = ["--data", job, "--exit-layer", "2", "--tokens", "2000", "--max-tokens", "12"]
@@ -121,9 +128,7 @@ def test_draft_adapter_without_one_names_calibrate(tmp_path):
 def test_several_layers_answer_once_and_the_choice_is_the_promise(tmp_path, home):
     job = write_job(tmp_path / "job.jsonl", LINES)
     args = ["--data", job, "--exit-layer", "1,2", "--tokens", "600", "--max-tokens", "8"]
-    result = _calibrate(*args, "--samples", "0", "--json")
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = _report(*args, "--samples", "0")
     by_layer = {r["layer"]: r for r in report["layers"]}
     assert set(by_layer) == {1, 2}
     assert "answers_s" in by_layer[1]["seconds"] and "answers_reused_s" in by_layer[2]["seconds"]
@@ -166,9 +171,7 @@ def test_calibrate_head_stores_a_feature_head_the_engine_drafts_with(tmp_path, h
     head is stored under its own kind and `--draft head` drafts with it, losslessly."""
     job = write_job(tmp_path / "job.jsonl", LINES)
     args = ["--data", job, "--exit-layer", "2,head", "--tokens", "1500", "--max-tokens", "12"]
-    result = _calibrate(*args, "--samples", "0", "--json")
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = _report(*args, "--samples", "0")
     by_kind = {r["kind"]: r for r in report["layers"]}
     assert set(by_kind) == {"early-exit", "feature-head"}
     assert by_kind[report["chosen_kind"]]["layer"] == report["chosen"]
