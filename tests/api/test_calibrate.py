@@ -196,3 +196,18 @@ def test_calibrate_head_prints_the_second_token(tmp_path):
 def test_exit_layer_head_misspelled(tmp_path, spec):
     job = write_job(tmp_path / "job.jsonl", LINES)
     _one_line_error(_calibrate("--data", job, "--exit-layer", spec), "comma-separated")
+
+
+def test_the_head_trains_for_passes_over_its_answers_unless_told(tmp_path):
+    """Without --tokens the head sees its training positions HEAD_PASSES times over (an
+    adapter: a fixed 60k); --tokens still sets it."""
+    from api.calibrate_cmd import HEAD_PASSES
+
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    args = ["--data", job, "--exit-layer", "head", "--max-tokens", "6", "--samples", "0"]
+    report = _report(*args, "--no-save")
+    passes = report["tokens"] / report["train_positions"]
+    assert HEAD_PASSES - 1.5 <= passes <= HEAD_PASSES + 0.5, report["tokens"]
+    assert len(report["curve"]) >= 5
+    told = _report(*args, "--no-save", "--tokens", "300")
+    assert told["tokens"] <= 400

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -94,6 +94,7 @@ def calibrate(
     progress: Progress = lambda phase, done, total: None,
     verify_cost: Callable[[int], float] | None = None,
     memo: dict | None = None,
+    passes: int | None = None,
 ) -> Calibration:
     """Train, measure and (with `store`) keep an early-exit adapter at `layer`, or with
     `layer` "head" the feature head over the target's last states (adapters/head.py). With
@@ -103,7 +104,9 @@ def calibrate(
     `draft_vocab`, the draft head scores only that many tokens the training answers
     hold most (a cheaper draft token, and cheaper training). `verify_cost` prices the
     adapter's promise (store.promise). `memo`, a dict the caller keeps, holds the answers
-    between calls on the same prompts (calibrating several layers answers once).
+    between calls on the same prompts (calibrating several layers answers once). `passes`,
+    when given, replaces the config's token count with that many passes over the training
+    positions (and a learning-curve point every eighth of them).
 
     Raises:
         ValueError: a layer out of range, or fewer than two distinct prompts.
@@ -174,6 +177,9 @@ def calibrate(
         ),
     )
     train_f, held_f = feats[: len(train_ex)], feats[len(train_ex) :]
+    if passes:
+        total = passes * sum(f.n for f in train_f)
+        cfg = replace(cfg, tokens=total, eval_every=max(1, total // 8))
     times["features_s" if not feats_reused else "features_reused_s"] = time.perf_counter() - t1
     early = None if is_head else evaluate(target.model, None, held_f)[0]
     t2 = time.perf_counter()
