@@ -168,13 +168,11 @@ def calibrate(
     feats_path = (
         None if answers is None else answers.with_name(f"{answers.name}.L{layer}.safetensors")
     )
+    at = 1 if is_head else layer  # the head reads only the final states; layer 1 is cheapest
     feats, feats_reused = features_cached(
         feats_path,
         {**key, "layer": layer},
-        lambda: (
-            features(target, train_ex, 1 if is_head else layer)
-            + features(target, held_ex, 1 if is_head else layer)
-        ),
+        lambda: features(target, train_ex, at) + features(target, held_ex, at),
     )
     train_f, held_f = feats[: len(train_ex)], feats[len(train_ex) :]
     if passes:
