@@ -95,8 +95,9 @@ def _requests(paths: tuple[str, ...], model: str, target, settings) -> list:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Score only the N tokens the training answers hold most in the draft head (a "
-    "cheaper draft token; 0 = the whole vocabulary).",
+    help="Score only the N tokens the training answers hold most in the draft head (an "
+    "adapter's or the feature head's: a cheaper draft token and cheaper training; 0 = the "
+    "whole vocabulary).",
 )
 @click.option("--no-save", is_flag=True, help="Measure only; do not store the adapter.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -273,7 +274,11 @@ def _print(report) -> None:
     if report.second is not None:
         click.echo(f"  second draft token (reads its own predicted state)  {report.second:.3f}")
     if report.draft_vocab is not None:
-        click.echo(f"  (the adapter drafts the {report.draft_vocab} tokens its answers hold most)")
+        who = "feature head" if report.kind == "feature-head" else "adapter"
+        click.echo(
+            f"  (the {who} drafts the {report.draft_vocab} tokens its answers hold most: "
+            f"{report.vocab_coverage:.1%} of the held-out answers' tokens)"
+        )
     click.echo("learning curve (training positions seen -> agreement):")
     for seen, a in report.curve:
         click.echo(f"  {seen:>8}  {a:.3f}")

@@ -183,6 +183,30 @@ def test_calibrate_head_stores_a_feature_head_the_engine_drafts_with(tmp_path, h
     _drafts_losslessly("head", "Describe the blue thing.")
 
 
+def test_calibrate_head_with_a_draft_vocabulary(tmp_path, home):
+    """`--exit-layer head --draft-vocab N`: the head is trained and stored over the N tokens
+    its answers hold most (a smaller share of the weights per draft token) and drafts with
+    them, losslessly."""
+    from core.engine import load_model
+    from core.engine.adapters import load, stored
+
+    job = write_job(tmp_path / "job.jsonl", LINES)
+    args = ["--data", job, "--exit-layer", "head", "--tokens", "1500", "--max-tokens", "12"]
+    whole = _report(*args, "--samples", "0", "--no-save")
+    report = _report(*args, "--samples", "0", "--draft-vocab", "30")
+    n = report["draft_vocab"]  # at most 30: the tokens its answers hold
+    assert report["kind"] == "feature-head" and 1 < n <= 30
+    assert report["draft_share"] < whole["draft_share"]
+    assert report["after"] > report["before"]
+    assert report["after"] <= report["vocab_coverage"] <= 1.0
+    target = load_model("tiny-random")
+    ((meta, path),) = stored(target, kind="feature-head")
+    assert meta["vocab_size"] == n and load(path, target).vocab.size == n
+    _drafts_losslessly("head", "Describe the blue thing.")
+    text = _calibrate(*args, "--samples", "0", "--draft-vocab", "30", "--no-save").stdout
+    assert f"the feature head drafts the {n} tokens" in text
+
+
 def test_calibrate_head_prints_the_second_token(tmp_path):
     job = write_job(tmp_path / "job.jsonl", LINES)
     args = ["--data", job, "--exit-layer", "head", "--tokens", "400", "--max-tokens", "6"]

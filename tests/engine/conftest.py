@@ -84,10 +84,12 @@ def adapter_home(tmp_path_factory):
     return tmp_path_factory.mktemp("adapter-home")
 
 
-def store_head(target: LoadedModel, tokens: int = 2000, prompts=None):
-    """Train a feature head for `target` briefly (seeded) and store it under the current
+def store_head(target: LoadedModel, tokens: int = 2000, prompts=None, vocab: int | None = None):
+    """Train a feature head for `target` briefly (seeded; over a draft vocabulary of the
+    `vocab` tokens its answers hold most, if given) and store it under the current
     APPLESPEC_HOME, unless one is stored already; returns its path."""
     from core.engine.adapters import answer, features, save, stored
+    from core.engine.adapters.data import top_tokens
     from core.engine.adapters.head import head_examples, new_head_adapter, train_head
 
     have = stored(target, kind="feature-head")
@@ -98,5 +100,9 @@ def store_head(target: LoadedModel, tokens: int = 2000, prompts=None):
     ex = answer(target, ids, 24, samples=1)
     pairs = head_examples(ex, features(target, ex, 1))
     adapter = new_head_adapter(target.model)
-    r = train_head(target.model, adapter.block, pairs, pairs, tokens=tokens, eval_every=0)
+    if vocab:
+        adapter.vocab = top_tokens(ex, vocab, target.eos_token_ids)
+    r = train_head(
+        target.model, adapter.block, pairs, pairs, tokens=tokens, eval_every=0, vocab=adapter.vocab
+    )
     return save(target, adapter, {"agreement": r["after"], "second": r["after_second"]})

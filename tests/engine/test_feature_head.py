@@ -3,20 +3,28 @@ hidden states and its own block, training lowers its KL and raises its held-out 
 (first and second draft token), seeded, within 5% of the target's parameters."""
 
 import mlx.core as mx
+import pytest
 
 from core.engine.adapters import answer, features, split
-from core.engine.adapters.head import evaluate, head_examples, new_head, train_head
+from core.engine.adapters.data import top_tokens
+from core.engine.adapters.head import (
+    evaluate,
+    head_examples,
+    new_head,
+    train_head,
+    weight_share,
+)
 from core.engine.scorer import head
 from tests.engine.test_adapters import WORKLOAD
 
 
-def _data(target):
+def _data(target, with_answers: bool = False):
     train_p, held_p = split([target.encode_prompt(t) for t in WORKLOAD], 0.25, seed=0)
     train_ex = answer(target, train_p, 20, samples=1)
     held_ex = answer(target, held_p, 20)
     tr = head_examples(train_ex, features(target, train_ex, 1))
     ho = head_examples(held_ex, features(target, held_ex, 1))
-    return tr, ho
+    return (tr, ho, train_ex) if with_answers else (tr, ho)
 
 
 def test_head_pairs_are_the_targets_state_its_next_token_and_the_state_after(make_tiny):
@@ -47,15 +55,42 @@ def test_training_the_head_lowers_the_kl_and_raises_held_out_agreement(make_tiny
     assert r2["curve"] == r["curve"]  # seeded
 
 
+def test_a_reduced_vocabulary_head_trains_through_it_and_misses_the_tokens_outside(make_tiny):
+    """With a draft vocabulary (the tokens the training answers hold most) the head trains
+    and is measured through those rows only: it still learns, a held-out target token
+    outside them is a miss, and scoring every token that way is the whole head exactly."""
+    target = make_tiny(0)
+    tr, ho, train_ex = _data(target, with_answers=True)
+    vocab = top_tokens(train_ex, 40, target.eos_token_ids)
+    assert 1 < vocab.size <= 40
+    hd = new_head(target.model)
+    r = train_head(
+        target.model, hd, tr, ho, tokens=6000, batch=8, eval_every=0, seed=0, vocab=vocab
+    )
+    assert r["kl_after"] < 0.5 * r["kl_before"], r
+    assert r["after"] >= r["before"] + 0.15, r
+    want = mx.concatenate([head(target.model, x.teacher).argmax(-1) for x in ho])
+    inside = mx.any(want[:, None] == vocab[None, :], axis=1).mean().item()
+    assert inside < 1.0  # some held-out tokens lie outside the 40
+    assert r["after"] <= inside
+    V = target.model.model.embed_tokens.weight.shape[0]
+    whole = mx.arange(V, dtype=mx.int32)
+    assert evaluate(target.model, hd, ho, vocab=whole)[:2] == evaluate(target.model, hd, ho)[:2]
+    assert weight_share(target.model, 40) < weight_share(target.model)
+
+
 # -- the head as an engine drafter (`--draft head`) -------------------------------------
 
 
-def _offline_chain(target, head_, prompt: list[int], output: list[int], k: int) -> list[int]:
+def _offline_chain(target, adapter, prompt: list[int], output: list[int], k: int) -> list[int]:
     """The chain the head drafts after `prompt + output`, computed over whole sequences:
     the target's states at positions len(prompt) - 1 .. end - 2 paired with the output
     tokens, the head causally over all pairs, each drafted token's pair appended with the
-    predicted state (EAGLE's chain), greedy."""
+    predicted state (EAGLE's chain), greedy over its draft vocabulary."""
     from core.engine.adapters.block import prefix_hidden
+    from core.engine.adapters.head import scorer
+
+    head_, score = adapter.block, scorer(target.model, adapter.vocab)
 
     ids = mx.array([prompt + output[:-1]])
     _, final = prefix_hidden(target.model, ids, 1)
@@ -64,26 +99,30 @@ def _offline_chain(target, head_, prompt: list[int], output: list[int], k: int) 
     out = []
     for _ in range(k):
         pred = head_(target.model, h[None], mx.array([toks]), "causal" if len(toks) > 1 else None)
-        nxt = int(head(target.model, pred[0, -1]).argmax().item())
+        nxt = int(score(pred[0, -1]).argmax().item())
+        nxt = nxt if adapter.vocab is None else adapter.vocab[nxt].item()
         out.append(nxt)
         h = mx.concatenate([h, pred[0, -1:]])
         toks.append(nxt)
     return out
 
 
+@pytest.mark.parametrize("vocab", [None, 40])
 def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
-    make_tiny, adapter_home, monkeypatch
+    make_tiny, adapter_home, tmp_path, monkeypatch, vocab
 ):
     """Every chain the batched engine drafts (rows joining, finishing, other rows'
     steps, prefill and plain steps between) is the head's chain over the row's whole
-    history: the states it reads are the target's at exactly those positions."""
+    history: the states it reads are the target's at exactly those positions. A head
+    with a reduced draft vocabulary drafts the best of its tokens. Output is plain
+    greedy's."""
     from core.engine import CostSurface, Engine, GenerationParams
     from core.engine.drafters.feature_head import FeatureHeadDrafter
     from tests.engine.conftest import store_head
 
-    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
     target = make_tiny(3)
-    store_head(target)
+    store_head(target, vocab=vocab)
     seen = []
     propose = FeatureHeadDrafter.propose
 
@@ -91,7 +130,7 @@ def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
         draft = propose(self, seqs, ks)
         toks = draft.tokens.tolist()
         for i, s in enumerate(seqs):
-            seen.append((list(s.prompt), list(s.output), toks[i][: ks[i]], self.adapter.block))
+            seen.append((list(s.prompt), list(s.output), toks[i][: ks[i]], self.adapter))
         return draft
 
     monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
@@ -100,11 +139,16 @@ def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
         for i, p in enumerate(WORKLOAD[:5])
     ]
     eng = Engine(target, draft="head", surface=CostSurface.flat(), batch_size=3, k=3)
-    eng.generate_many(reqs)
+    got = [r.tokens for r in eng.generate_many(reqs)]
     assert len(seen) > 10
-    for prompt, output, drafted, head_ in seen:
-        want = _offline_chain(target, head_, prompt, output, len(drafted))
+    for prompt, output, drafted, adapter in seen:
+        want = _offline_chain(target, adapter, prompt, output, len(drafted))
         assert drafted == want, (len(output), drafted, want)
+    if vocab is not None:
+        assert 1 < seen[0][3].vocab.size <= vocab
+        assert {t for *_, d, _ in seen for t in d} <= set(seen[0][3].vocab.tolist())
+    plain = Engine(target, draft="none", surface=CostSurface.flat(), batch_size=1)
+    assert got == [plain.generate(p, q).tokens for p, q in reqs]
 
 
 def test_a_head_for_another_model_is_refused_and_none_stored_names_calibrate(

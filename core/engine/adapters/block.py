@@ -139,16 +139,20 @@ def draft_hidden(adapter: Adapter, h_exit: mx.array) -> mx.array:
     return adapter.block(h_exit, mask)
 
 
+def vocab_rows(model: nn.Module, vocab: mx.array) -> mx.array:
+    """(Vr, D) the target's output-head rows of the (Vr,) tokens `vocab`."""
+    if hasattr(model, "lm_head"):
+        if not isinstance(model.lm_head, nn.Linear) or hasattr(model.lm_head, "scales"):
+            raise ValueError("a reduced draft vocabulary needs an unquantized output head")
+        return model.lm_head.weight[vocab]
+    return model.model.embed_tokens(vocab)  # tied: the embedding rows (dequantized by the lookup)
+
+
 def reduced_logits(model: nn.Module, adapter: Adapter, h: mx.array) -> mx.array:
     """(..., D) hidden states -> (..., Vr) logits of the adapter's vocabulary only (the
     target's norm, then its head rows for those tokens)."""
     if adapter._rows is None or adapter._rows.shape[0] != adapter.vocab.size:
-        if hasattr(model, "lm_head"):
-            if not isinstance(model.lm_head, nn.Linear) or hasattr(model.lm_head, "scales"):
-                raise ValueError("a reduced draft vocabulary needs an unquantized output head")
-            adapter._rows = model.lm_head.weight[adapter.vocab]
-        else:  # tied: the embedding rows are the head's rows (dequantized by the lookup)
-            adapter._rows = model.model.embed_tokens(adapter.vocab)
+        adapter._rows = vocab_rows(model, adapter.vocab)
     return model.model.norm(h) @ adapter._rows.T
 
 

@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..model import LoadedModel
 from .block import new_adapter, target_size, weight_share
-from .data import answer, answer_cached, features, features_cached, split, top_tokens
+from .data import answer, answer_cached, coverage, features, features_cached, split, top_tokens
 from .head import head_examples, new_head_adapter, train_head
 from .head import weight_share as head_share
 from .store import model_key, promise, save
@@ -38,6 +38,8 @@ class Calibration:
         after: the trained adapter.
         draft_vocab: the reduced draft vocabulary's size (None: the whole vocabulary); the
             adapter's agreements are then through it.
+        vocab_coverage: the share of the held-out answers' tokens inside that vocabulary
+            (the agreement's ceiling; None without one).
         curve: [(training positions seen, agreement)].
         second: a feature head's agreement on the second draft token (it reads its own
             predicted state), None for an adapter.
@@ -65,6 +67,7 @@ class Calibration:
     curve: list[tuple[int, float]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     draft_vocab: int | None = None
+    vocab_coverage: float | None = None
     path: str | None = None
     draft_share: float = 0.0
     draft_length: int = 0
@@ -113,8 +116,6 @@ def calibrate(
     """
     cfg = config or TrainConfig()
     is_head = layer == "head"
-    if is_head and draft_vocab:
-        raise ValueError("a reduced draft vocabulary is for early-exit adapters, not the head")
     # (checks the layer first)
     adapter = new_head_adapter(target.model) if is_head else new_adapter(target.model, layer)
     caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
@@ -219,11 +220,12 @@ def calibrate(
         curve=result.curve,
         seconds={k: round(v, 2) for k, v in times.items()},
         draft_vocab=None if adapter.vocab is None else int(adapter.vocab.size),
+        vocab_coverage=None if adapter.vocab is None else coverage(held_ex, adapter.vocab),
         kind=adapter.kind,
         second=getattr(result, "second", None),
     )
     report.draft_share = (
-        head_share(target.model)
+        head_share(target.model, report.draft_vocab)
         if is_head
         else weight_share(target.model, layer, report.draft_vocab)
     )
@@ -273,6 +275,7 @@ def _train_head(target, adapter, train_ex, train_f, held_ex, held_f, cfg, steppe
         eval_every=cfg.eval_every,
         seed=cfg.seed,
         on_step=lambda n, _loss: stepped(n),
+        vocab=adapter.vocab,
     )
     return _HeadResult(
         before=r["before"],

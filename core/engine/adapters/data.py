@@ -117,6 +117,13 @@ def top_tokens(examples: list[Example], n: int, always: set[int] = frozenset()) 
     return mx.array(sorted(keep), dtype=mx.int32)
 
 
+def coverage(examples: list[Example], vocab: mx.array) -> float:
+    """The share of the examples' answer tokens that `vocab` (a draft vocabulary) holds."""
+    keep = set(vocab.tolist())
+    tokens = [t for e in examples for t in e.answer]
+    return sum(t in keep for t in tokens) / max(len(tokens), 1)
+
+
 def answer_cached(
     path: Path | None, key: dict, make: Callable[[], list[Example]]
 ) -> tuple[list[Example], bool]:

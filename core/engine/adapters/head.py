@@ -18,7 +18,11 @@ where the head reads the target's true state) and the second token's (the head r
 own prediction of the state, the token being the one the target chose).
 
 Stored like an early-exit adapter (`store.py`: an `Adapter` of kind "feature-head" whose
-layer is the target's layer count, after all of them) and drafted by `drafters/head.py`.
+layer is the target's layer count, after all of them) and drafted by
+`drafters/feature_head.py`. Like an adapter it may score a reduced draft vocabulary (the
+tokens the target emits most): the output head is most of what a head draft token reads
+(the block is one layer), so Vr of V rows make a draft token, and training, that much
+cheaper.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..scorer import head
-from .block import Adapter, target_size
+from .block import Adapter, target_size, vocab_rows
 from .data import Example, Features
 from .training import _kl, warmup_cosine
 
@@ -91,11 +95,13 @@ def new_head_adapter(model: nn.Module) -> Adapter:
     return Adapter(KIND, len(model.model.layers), new_head(model))
 
 
-def weight_share(model: nn.Module) -> float:
+def weight_share(model: nn.Module, vocab_size: int | None = None) -> float:
     """The share of the target's weights one draft token reads: the head's fusion and block
-    and the target's output head."""
+    and the target's output head (or its `vocab_size` reduced rows)."""
     emb = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
     head_ = sum(v.size for _, v in tree_flatten(emb.parameters()))
+    if vocab_size is not None:
+        head_ = head_ * vocab_size / model.model.embed_tokens.weight.shape[0]
     D = model.args.hidden_size
     block = sum(v.size for _, v in tree_flatten(model.model.layers[-1].parameters()))
     return (2 * D * D + block + head_) / target_size(model)
@@ -152,20 +158,36 @@ def _flat(a: mx.array, idx: mx.array) -> mx.array:
     return a.reshape(-1, a.shape[-1])[idx]
 
 
-def logits(model: nn.Module, head_: FeatureHead, h, tokens, idx) -> mx.array:
-    """(M, V) draft logits at the flat positions."""
-    mask = _mask(h)
-    return head(model, _flat(head_(model, h, tokens, mask), idx))
+def scorer(model: nn.Module, vocab: mx.array | None = None):
+    """(..., D) states -> (..., V) logits through the target's norm and head, or with a
+    reduced draft vocabulary (Vr,) -> (..., Vr) logits of those tokens only."""
+    if vocab is None:
+        return lambda h: head(model, h)
+    rows = vocab_rows(model, vocab)  # (Vr, D)
+    return lambda h: model.model.norm(h) @ rows.T
 
 
 def evaluate(
-    model: nn.Module, head_: FeatureHead, exs: list[HeadExample], batch: int = 16
+    model: nn.Module,
+    head_: FeatureHead,
+    exs: list[HeadExample],
+    batch: int = 16,
+    vocab: mx.array | None = None,
 ) -> tuple[float, float, float]:
     """(first-token agreement, second-token agreement, mean KL of the first) on `exs`.
 
     The second token: the head reads its own predicted state (of the first pass) in place
     of the target's, with the target's tokens (a row whose first draft token was accepted).
+    With a reduced draft vocabulary `vocab`, the head drafts only its tokens (a target
+    token outside them is a disagreement) and the KL is against the target's distribution
+    renormalized over them.
     """
+    score = scorer(model, vocab)
+
+    def drafted(logits: mx.array) -> mx.array:
+        top = logits.argmax(-1)
+        return top if vocab is None else vocab[top]
+
     agree1 = agree2 = kl = 0.0
     n1 = n2 = 0
     for i in range(0, len(exs), batch):
@@ -173,11 +195,10 @@ def evaluate(
         h, toks, teacher, idx = _batch(group)
         mask = _mask(h)
         pred = head_(model, h, toks, mask)  # (B, T, D): states at p + 1
-        t_logits = head(model, teacher)
-        want = t_logits.argmax(-1)
-        s1 = head(model, _flat(pred, idx))
-        a1 = (s1.argmax(-1) == want).sum()
-        k1 = _kl(t_logits, s1).sum()
+        want = head(model, teacher).argmax(-1)  # (M,) the target's tokens
+        s1 = score(_flat(pred, idx))
+        a1 = (drafted(s1) == want).sum()
+        k1 = _kl(score(teacher), s1).sum()
         # Second token: position j reads the predicted state for j (made at j - 1).
         shifted = mx.concatenate([h[:, :1], pred[:, :-1]], axis=1)
         pred2 = head_(model, shifted, toks, mask)
@@ -189,7 +210,7 @@ def evaluate(
                 [s + np.arange(1, x.n) for s, x in zip(starts, group, strict=True)]
             ).astype(np.int32)
         )
-        a2 = (head(model, _flat(pred2, pos)).argmax(-1) == want[keep]).sum()
+        a2 = (drafted(score(_flat(pred2, pos))) == want[keep]).sum()
         mx.eval(a1, k1, a2)
         agree1 += a1.item()
         kl += k1.item()
@@ -211,11 +232,15 @@ def train_head(
     eval_every: int = 10_000,
     seed: int = 0,
     on_step=None,
+    vocab: mx.array | None = None,
 ) -> dict:
     """Train `head_` in place: KL(full || draft) + `feature_weight` x smooth-L1 between the
     predicted and the target's normalized states (EAGLE's regression, which keeps the
     chain's fed-back states close to real ones). Returns before / after agreements (first
     and second token), KL and the learning curve [(positions seen, first, second)].
+
+    With a reduced draft vocabulary `vocab` (Vr,), both distributions are over its tokens
+    (the target's renormalized): each step's heads cost Vr / V of the whole one's.
 
     Like the early-exit adapter (`training.train`), the head trains in float32 whatever the
     target runs in (on a float16 GPU target Adam's moments go non-finite) and returns to the
@@ -228,19 +253,20 @@ def train_head(
     steps = max(1, tokens // per_step)
     opt = optim.Adam(learning_rate=warmup_cosine(lr, steps, max(1, steps // 20)))
     norm = model.model.norm
+    score = scorer(model, vocab)
 
     def loss_fn(h, toks, teacher, idx):
         mask = _mask(h)
         pred = _flat(head_(model, h, toks, mask), idx)
-        t_logits = mx.stop_gradient(head(model, teacher))
-        loss = _kl(t_logits, head(model, pred)).mean()
+        t_logits = mx.stop_gradient(score(teacher))
+        loss = _kl(t_logits, score(pred)).mean()
         if feature_weight:
             diff = norm(pred) - mx.stop_gradient(norm(teacher))
             loss = loss + feature_weight * nn.losses.smooth_l1_loss(diff, mx.zeros_like(diff))
         return loss
 
     step_fn = nn.value_and_grad(head_, loss_fn)
-    b1, b2, kb = evaluate(model, head_, held_exs)
+    b1, b2, kb = evaluate(model, head_, held_exs, vocab=vocab)
     serving = norm.weight.dtype
     head_.set_dtype(mx.float32)
     out = {"before": b1, "before_second": b2, "kl_before": kb, "curve": [(0, b1, b2)]}
@@ -260,11 +286,11 @@ def train_head(
             if on_step is not None:
                 on_step(teacher.shape[0], loss.item())
             if eval_every and seen >= next_eval and step < steps:
-                a1, a2, _ = evaluate(model, head_, held_exs)
+                a1, a2, _ = evaluate(model, head_, held_exs, vocab=vocab)
                 out["curve"].append((seen, a1, a2))
                 next_eval += eval_every
     head_.set_dtype(serving)
-    a1, a2, ka = evaluate(model, head_, held_exs)
+    a1, a2, ka = evaluate(model, head_, held_exs, vocab=vocab)
     out.update(after=a1, after_second=a2, kl_after=ka, tokens=seen)
     out["curve"].append((seen, a1, a2))
     return out

@@ -214,7 +214,7 @@ def promise(
     layer = meta.get("layer")
     a = min(max(float(meta.get("agreement", 0.0)), 0.0), 1.0)
     if meta.get("kind") == HEAD:
-        return best_length(a, head_share(target.model), verify_cost)
+        return best_length(a, head_share(target.model, meta.get("vocab_size")), verify_cost)
     if not isinstance(layer, int) or not 0 < layer < target.num_layers:
         return 0, 0.0
     share = weight_share(target.model, layer, meta.get("vocab_size"))

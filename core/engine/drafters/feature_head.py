@@ -23,11 +23,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..adapters.block import Adapter
+from ..adapters.block import Adapter, draft_logits
 from ..adapters.head import weight_share
 from ..cache import BatchKVCache
 from ..sampling import choose
-from ..scorer import Segment, forward, head
+from ..scorer import Segment, forward
 from .base import Draft
 
 
@@ -42,7 +42,8 @@ class FeatureHeadDrafter:
         self.adapter = adapter
         self.name = "head"
         self.cache = BatchKVCache(1, capacity)  # the head block's keys and values
-        self._share = weight_share(target.model)
+        vocab = None if adapter.vocab is None else int(adapter.vocab.size)
+        self._share = weight_share(target.model, vocab)
 
     def admit(self, seq) -> None:
         self.cache.lengths[seq.slot] = 0
@@ -77,7 +78,8 @@ class FeatureHeadDrafter:
         for depth in range(k_max):
             pos = np.array([len(seqs[i].history) + depth for i in live])
             seeds = np.array([seqs[i].seed for i in live], dtype=np.uint32)
-            drafted = choose(head(model, pred), [seqs[i].params for i in live], seeds, pos)
+            logits = draft_logits(model, self.adapter, pred)  # (R', V): -inf off its vocabulary
+            drafted = choose(logits, [seqs[i].params for i in live], seeds, pos)
             tokens[mx.array(live), depth] = drafted
             nxt = [j for j, i in enumerate(live) if ks[i] > depth + 1]
             if not nxt:
