@@ -2,13 +2,15 @@
 of its first and last items, the curve against each item's place in the finish order, the
 versions swapped in and the share of the wall time spent learning.
 
-The adapter starts untrained (a copy of layer L; nothing stored: a fresh APPLESPEC_HOME)
-unless --keep-home. A fixed draft length (--k) and no step-mode switching keep every row
+The self-drafter starts untrained (an adapter: a copy of layer L; with `--draft head` a new
+feature head; nothing stored: a fresh APPLESPEC_HOME) unless --keep-home. A fixed draft length (--k) and no step-mode switching keep every row
 drafting, so acceptance is measured on every item; the target's greedy output is checked
 against plain decoding of the same items with --check.
 
     python bench/online_learning.py --data examples/jobs/open-256.jsonl --items 200 \
         --layer 6 --share 0.1 -o bench/results/cpu-online-open-200.json
+    python bench/online_learning.py --data examples/jobs/open-256.jsonl --items 200 \
+        --draft head --share 0.1
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--items", type=int, default=200)
     ap.add_argument("--layer", type=int, default=6)
+    ap.add_argument("--draft", default=None, help="the drafter (default adapter:LAYER; head)")
     ap.add_argument("--share", type=float, default=0.1)
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -51,7 +54,7 @@ def main() -> None:
     reqs = [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
     engine = Engine(
         target,
-        draft=f"adapter:{args.layer}",
+        draft=args.draft or f"adapter:{args.layer}",
         k=args.k,
         batch_size=args.batch_size,
         step_modes=False,
@@ -84,7 +87,7 @@ def main() -> None:
         "model": target.name,
         "data": args.data,
         "items": len(items),
-        "layer": args.layer,
+        "draft": args.draft or f"adapter:{args.layer}",
         "k": args.k,
         "batch_size": args.batch_size,
         "share": args.share,

@@ -170,8 +170,7 @@ class Engine:
             target, entry.name, arg, learn > 0, lambda: _verify_cost(target, surface, batch_size)
         )
         self.learner = None
-        if self.adapter is not None and learn > 0 and self.adapter.kind == "early-exit":
-            # (the feature head learns offline only: `applespec calibrate --exit-layer head`)
+        if self.adapter is not None and learn > 0:
             from .adapters.online import OnlineLearner
 
             self.learner = OnlineLearner(target.model, self.adapter, share=learn)

@@ -1,7 +1,7 @@
-"""Online learning of the self-drafter (adapters/online.py) on tiny float32 models: output
-stays plain greedy while versions are swapped in, later rows of a repetitive job accept
-more than its first rows, a worse version is never swapped in, and learning keeps to its
-share of the time."""
+"""Online learning of the self-drafter (adapters/online.py: an early-exit adapter or the
+feature head) on tiny float32 models: output stays plain greedy while versions are swapped
+in, later rows of a repetitive job accept more than its first rows, a worse version is never
+swapped in, and learning keeps to its share of the time."""
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -11,6 +11,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
 from core.engine.adapters import AdapterError, new_adapter
+from core.engine.adapters.head import new_head_adapter
 from core.engine.adapters.online import OnlineLearner
 from core.engine.tiny import tiny_model
 
@@ -31,10 +32,16 @@ def _acceptance(results) -> float:
     return sum(r.speculative["accepted_tokens"] for r in results) / max(drafted, 1)
 
 
+# A drafter spec, and the untrained self-drafter it starts from when none is stored.
+UNTRAINED = {"adapter:1": lambda m: new_adapter(m, 1), "head": new_head_adapter}
+
+
+@pytest.mark.parametrize("draft", list(UNTRAINED))
 @pytest.mark.parametrize("weights", ["float32", "float16-quantized"])
-def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, make_tiny):
+def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, draft, make_tiny):
     """`float16-quantized` is what a GPU worker runs (GGUF weights kept quantized, float16
-    activations): the block trains in float32 there, or Adam learns nothing."""
+    activations): the block trains in float32 there, or Adam learns nothing. `head`: a
+    feature head, untrained when the job starts (nothing stored), learns from the job."""
     target = make_tiny(3)
     if weights != "float32":
         model = tiny_model(3)
@@ -43,9 +50,8 @@ def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, make_
         target = LoadedModel("tiny-3", model, target.tokenizer, 4096)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in JOB]
     plain = Engine(target, draft="none", surface=FLAT, batch_size=4).generate_many(reqs)
-    eng = Engine(
-        target, draft="adapter:1", k=3, surface=FLAT, batch_size=4, step_modes=False, learn=1.0
-    )
+    eng = Engine(target, draft=draft, k=3, surface=FLAT, batch_size=4, step_modes=False, learn=1.0)
+    assert eng.adapter.kind == ("feature-head" if draft == "head" else "early-exit")
     done = []
     got = eng.generate_many(reqs, on_result=done.append)
     assert [r.tokens for r in got] == [r.tokens for r in plain]
@@ -58,11 +64,13 @@ def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, make_
     assert last > first + 0.1, (first, last)
 
 
-def test_a_worse_version_is_never_swapped_in(make_tiny):
+@pytest.mark.parametrize("draft", list(UNTRAINED))
+def test_a_worse_version_is_never_swapped_in(make_tiny, draft):
     target = make_tiny(3)
     eng = Engine(target, draft="none", surface=FLAT, batch_size=4)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in JOB[:20]]
-    learner = OnlineLearner(target.model, new_adapter(target.model, 1), share=1.0, eval_every=4)
+    untrained = UNTRAINED[draft](target.model)
+    learner = OnlineLearner(target.model, untrained, share=1.0, eval_every=4)
     for (p, _), r in zip(reqs, eng.generate_many(reqs), strict=True):
         learner.observe(p, r.tokens)
     while learner.work() and learner.version == 0:
@@ -99,7 +107,7 @@ def test_padded_shapes_learn_what_exact_ones_do_and_meet_few_shapes(make_tiny, m
         lr = OnlineLearner(target.model, new_adapter(target.model, 1), share=1.0, eval_every=5)
         shapes = set()
         hidden = lr._hidden
-        lr._hidden = lambda a, x, idx, h=hidden, s=shapes: (s.add(x.shape), h(a, x, idx))[1]
+        lr._hidden = lambda a, x, idx, t, h=hidden, s=shapes: (s.add(x.shape), h(a, x, idx, t))[1]
         for i, (p, a) in enumerate(rows):  # rows arrive a few at a time, as they finish
             lr.observe(p, a)
             if i % 3 == 2:
@@ -156,3 +164,5 @@ def test_bad_learning_settings_are_refused(make_tiny):
         Engine(target, draft="adapter", surface=FLAT, learn=0.1)
     with pytest.raises(AdapterError, match="applespec calibrate"):
         Engine(target, draft="adapter:1", surface=FLAT)  # no learning: a stored one is needed
+    with pytest.raises(AdapterError, match="applespec calibrate"):
+        Engine(target, draft="head", surface=FLAT)

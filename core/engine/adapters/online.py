@@ -1,10 +1,13 @@
-"""Online learning: the serving early-exit adapter improves while a job runs.
+"""Online learning: the serving self-drafter (an early-exit adapter or the feature head)
+improves while a job runs.
 
 Every finished row hands the learner its prompt and answer: the target's own output on
 exactly the job's distribution, free to collect. Between batch steps, within a bounded
 share of wall time (`share`), the learner does one unit of work at a time:
 
-- new examples run once through the target's first L layers (their exit states);
+- new examples run once through the target: its first L layers (an adapter's exit states),
+  or all of them (the feature head's pairs: the last layer's state at each answer position
+  and the token chosen after it, as `head.head_examples` pairs them);
 - a *candidate* copy of the serving block trains on them, one minibatch per turn, with the
   answer's tokens as targets (cross-entropy; a greedy answer's tokens are the target's
   argmax, what a greedy row accepts; a sampled answer's are draws from the target's
@@ -18,7 +21,9 @@ share of wall time (`share`), the learner does one unit of work at a time:
 
 The target stays frozen and only the drafter's weights change between steps, so output
 stays lossless: the verify step decides every token. `version` counts the swaps; `history`
-records every evaluation (what a user sees climb).
+records every evaluation (what a user sees climb). (A feature head's rows in flight keep the
+keys and values their head cache took under the version before; rows admitted after a swap
+draft wholly with the new one.)
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..cache import bucket, bucket_rows, kv_pad
-from .block import Adapter, clone, draft_hidden, exit_hidden
+from .block import Adapter, clone, draft_hidden, exit_hidden, prefix_hidden
+from .head import KIND as HEAD
 from .training import _chunks, _head, pad_exits
 
 SHARE = 0.10  # the default bound on the share of wall time spent learning
@@ -44,11 +50,14 @@ SHARE = 0.10  # the default bound on the share of wall time spent learning
 
 @dataclass
 class Sample:
-    """One finished row, ready to train on: its exit states and the answer it gave."""
+    """One finished row, ready to train on: the drafter's input states and the answer it
+    gave."""
 
-    exit: mx.array  # (T, D): the input of layer L at every position but the last
-    start: int  # the position whose next token is the answer's first
-    targets: mx.array  # (A,) int32: the answer's tokens
+    exit: mx.array  # (T, D): the input of layer L at every position but the last (adapter),
+    # or the last layer's states at the answer's positions but its last (feature head)
+    start: int  # the position whose next token is the first target
+    targets: mx.array  # (A,) int32: the answer's tokens (a feature head: from its second on)
+    tokens: mx.array | None = None  # (T,) int32 the token after each state (feature head)
 
     @property
     def n(self) -> int:
@@ -189,8 +198,8 @@ class OnlineLearner:
         """The share of `samples`' answer positions where `adapter` drafts the answer's token."""
         agree = n = 0
         for group in _chunks(samples, self.batch_tokens * 2):
-            x, idx, y = self._pack(group)
-            drafted = _head(self.model, adapter, self._hidden(adapter, x, idx)).argmax(-1)
+            x, idx, y, toks = self._pack(group)
+            drafted = _head(self.model, adapter, self._hidden(adapter, x, idx, toks)).argmax(-1)
             if adapter.vocab is not None:
                 drafted = adapter.vocab[drafted]
             hits = (drafted == y).sum()  # padded positions (y = -1) never match
@@ -223,9 +232,21 @@ class OnlineLearner:
         for r, (p, a, _) in enumerate(batch):
             seq = (p + a)[:-1]  # the last token's next one is not known
             ids[r, : len(seq)] = seq
-        h = exit_hidden(self.model, mx.array(ids), self.serving.layer)
+        head = self.serving.kind == HEAD
+        if head:  # the last layer's states
+            h = prefix_hidden(self.model, mx.array(ids), 1)[1]
+        else:
+            h = exit_hidden(self.model, mx.array(ids), self.serving.layer)
         for r, (p, a, held) in enumerate(batch):
-            sample = Sample(h[r, : len(p) + len(a) - 1], len(p) - 1, mx.array(a, mx.int32))
+            if head:  # pair i: the state at len(p) - 1 + i and a[i], predicting a[i + 1]
+                n, at = len(a) - 1, len(p) - 1
+                if n < 1:
+                    continue
+                sample = Sample(
+                    h[r, at : at + n], 0, mx.array(a[1:], mx.int32), mx.array(a[:n], mx.int32)
+                )
+            else:
+                sample = Sample(h[r, : len(p) + len(a) - 1], len(p) - 1, mx.array(a, mx.int32))
             mx.eval(sample.exit)
             if held:
                 self._held.append(sample)
@@ -239,11 +260,11 @@ class OnlineLearner:
 
     def _train_step(self) -> None:
         shuffled = [self._train[i] for i in self._rng.permutation(len(self._train))]
-        x, idx, y = self._pack(_chunks(shuffled, self.batch_tokens)[0])
+        x, idx, y, toks = self._pack(_chunks(shuffled, self.batch_tokens)[0])
         view, index = self._loss_view()
         real = y >= 0
         y = mx.where(real, mx.array(index)[mx.maximum(y, 0)], -1)  # (M,) -1: not scored
-        loss, grads = self._step(view, x, idx, y)
+        loss, grads = self._step(view, x, idx, y, toks)
         self._opt.update(self.candidate.block, grads)
         mx.eval(self.candidate.block.parameters(), self._opt.state, loss, real)
         self.steps += 1
@@ -266,28 +287,41 @@ class OnlineLearner:
             self._view = Adapter(c.kind, c.layer, c.block, c.meta, vocab), index
         return self._view
 
-    def _loss(self, view: Adapter, x, idx, y):
-        logits = _head(self.model, view, self._hidden(view, x, idx)).astype(mx.float32)
+    def _loss(self, view: Adapter, x, idx, y, toks):
+        logits = _head(self.model, view, self._hidden(view, x, idx, toks)).astype(mx.float32)
         keep = y >= 0
         ce = nn.losses.cross_entropy(logits, mx.maximum(y, 0))
         return (ce * keep).sum() / mx.maximum(keep.sum(), 1)
 
-    def _hidden(self, adapter: Adapter, x: mx.array, idx: mx.array) -> mx.array:
-        """(B, T, D) exit states -> (M, D) block outputs at the flat positions `idx`."""
-        h = draft_hidden(adapter, x)
+    def _hidden(
+        self, adapter: Adapter, x: mx.array, idx: mx.array, toks: mx.array | None = None
+    ) -> mx.array:
+        """(B, T, D) exit states (with a feature head: the last layer's states, and (B, T)
+        the tokens after them) -> (M, D) the drafter's states at the flat positions `idx`."""
+        if toks is None:
+            h = draft_hidden(adapter, x)
+        else:
+            h = adapter.block(self.model, x, toks, "causal" if x.shape[1] > 1 else None)
         return h.reshape(-1, h.shape[-1])[idx]
 
-    def _pack(self, samples: list[Sample]) -> tuple[mx.array, mx.array, mx.array]:
-        """Right-padded (B, T, D) exit states, the (M,) flat indices of the answer positions
-        and their (M,) answer tokens; with `pad`, M is a multiple of 4 x pad, the padding
-        reading position 0 with token -1 (never scored, never a match)."""
+    def _pack(self, samples: list[Sample]):
+        """Right-padded (B, T, D) states, the (M,) flat indices of the answer positions,
+        their (M,) answer tokens and, for a feature head, the (B, T) tokens after the states
+        (else None); with `pad`, M is a multiple of 4 x pad, the padding reading position 0
+        with token -1 (never scored, never a match)."""
         x, idx = pad_exits(samples, self.pad)
         y = mx.concatenate([s.targets for s in samples])
         extra = bucket(y.size, 4 * self.pad) - y.size
         if extra:
             idx = mx.concatenate([idx, mx.zeros((extra,), mx.int32)])
             y = mx.concatenate([y, mx.full((extra,), -1, mx.int32)])
-        return x, idx, y
+        toks = None
+        if samples[0].tokens is not None:
+            t = np.zeros(x.shape[:2], np.int32)
+            for r, s in enumerate(samples):
+                t[r, : s.tokens.size] = np.array(s.tokens)
+            toks = mx.array(t)
+        return x, idx, y, toks
 
 
 def _padded(rows: list[tuple[list[int], list[int], bool]]) -> int:

@@ -90,9 +90,10 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, 
     spec that uses one, as it may read the kept surface; None or giving None: width free).
 
     `adapter[:L]` and `head` raise AdapterError (a ValueError naming `applespec calibrate`)
-    when no usable one is stored, unless `untrained` (online learning) and L is given: then
-    an untrained adapter at L (a copy of layer L) starts; `auto` takes the best one that
-    loads, else goes without. `adapter` (no L) and `auto` consider every kind.
+    when no usable one is stored, unless `untrained` (online learning) and L is given or the
+    spec is `head`: then an untrained adapter at L (a copy of layer L) or an untrained head
+    starts; `auto` takes the best one that loads, else goes without. `adapter` (no L) and
+    `auto` consider every kind.
     """
     if name not in ("adapter", "auto", "head"):
         return None
@@ -100,7 +101,14 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, 
 
     verify_cost = pricing() if pricing is not None else None
     if name == "head":
-        return best(target, verify_cost=verify_cost, kind="feature-head")
+        try:
+            return best(target, verify_cost=verify_cost, kind="feature-head")
+        except AdapterError:
+            if not untrained:
+                raise
+        from ..adapters.head import new_head_adapter
+
+        return new_head_adapter(target.model)
     if name == "adapter":
         try:
             return best(target, int(arg) if arg else None, verify_cost)
