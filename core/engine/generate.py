@@ -1026,10 +1026,11 @@ class Batch:
     def _finish(self, s: Sequence, reason: str) -> None:
         s.finish_reason = reason
         s.metrics.t_end = time.perf_counter()
+        states = s.read_states + s.states  # a learning feature head's pairs (before retire)
         for d in self.drafters:
             d.retire(s)
         if self.engine.learner is not None:
-            self.engine.learner.observe(s.prompt, s.output)
+            self.engine.learner.observe(s.prompt, s.output, states or None)
         self.rows[s.slot] = None
         self.cache.lengths[s.slot] = 0
         self._done.append(s)

@@ -61,6 +61,9 @@ class Sequence:
     # The target's last-layer states (n, D) at the positions it committed since a drafter
     # that reads them (`reads_states`: the feature head) last did; kept only for such a one.
     states: list = field(default_factory=list)
+    # Those states once read (n, D each), kept for a learning feature head: with `states`
+    # they are the row's pairs, which its online learner then needs no forward for.
+    read_states: list = field(default_factory=list)
 
     @property
     def history(self) -> list[int]:

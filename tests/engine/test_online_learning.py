@@ -166,3 +166,40 @@ def test_bad_learning_settings_are_refused(make_tiny):
         Engine(target, draft="adapter:1", surface=FLAT)  # no learning: a stored one is needed
     with pytest.raises(AdapterError, match="applespec calibrate"):
         Engine(target, draft="head", surface=FLAT)
+
+
+def test_a_learning_head_takes_its_pairs_from_the_verify_steps(make_tiny, monkeypatch):
+    """The feature head's drafter keeps the states the engine's steps computed for it; its
+    learner trains on those pairs without a forward over the finished rows, and they are
+    the states such a forward gives."""
+    from core.engine.adapters import online
+
+    target = make_tiny(3)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=6 + 3 * i))
+        for i, p in enumerate(JOB[:10])
+    ]
+    forwards = []
+    real = online.prefix_hidden
+    monkeypatch.setattr(online, "prefix_hidden", lambda *a: (forwards.append(1), real(*a))[1])
+    eng = Engine(target, draft="head", k=2, surface=FLAT, batch_size=4, step_modes=False, learn=1.0)
+    got = eng.generate_many(reqs)
+    lr = eng.learner
+    while lr._new:
+        lr._featurize()
+    assert forwards == [] and lr.rows == len(reqs)
+    ref = OnlineLearner(target.model, new_head_adapter(target.model))
+    for (p, _), r in zip(reqs, got, strict=True):
+        ref.observe(p, r.tokens)  # no states: a forward computes them
+    while ref._new:
+        ref._featurize()
+    assert forwards
+
+    def pairs(learner):
+        samples = list(learner._train) + list(learner._held)
+        return {(tuple(s.tokens.tolist()), tuple(s.targets.tolist())): s.exit for s in samples}
+
+    mine, theirs = pairs(lr), pairs(ref)
+    assert len(mine) >= 8 and mine.keys() == theirs.keys()
+    for key, x in mine.items():
+        assert x.shape == theirs[key].shape and mx.allclose(x, theirs[key], atol=1e-4).item(), key

@@ -7,7 +7,9 @@ share of wall time (`share`), the learner does one unit of work at a time:
 
 - new examples run once through the target: its first L layers (an adapter's exit states),
   or all of them (the feature head's pairs: the last layer's state at each answer position
-  and the token chosen after it, as `head.head_examples` pairs them);
+  and the token chosen after it, as `head.head_examples` pairs them), unless the engine
+  hands over those states with the row (its head drafter kept what the verify steps
+  computed: no forward at all);
 - a *candidate* copy of the serving block trains on them, one minibatch per turn, with the
   answer's tokens as targets (cross-entropy; a greedy answer's tokens are the target's
   argmax, what a greedy row accepts; a sampled answer's are draws from the target's
@@ -111,7 +113,8 @@ class OnlineLearner:
         self.steps = 0
         self.spent = 0.0  # seconds spent learning
         self._t0: float | None = None
-        self._new: deque[tuple[list[int], list[int], bool]] = deque()  # not yet featurized
+        # Rows not yet featurized: (prompt, answer, held out, the feature head's states or None)
+        self._new: deque[tuple[list[int], list[int], bool, list | None]] = deque()
         self._train: deque[Sample] = deque()
         self._held: deque[Sample] = deque(maxlen=held_max)
         self._rng = np.random.default_rng(seed)
@@ -131,8 +134,10 @@ class OnlineLearner:
 
     # -- what the engine calls ----------------------------------------------------------
 
-    def observe(self, prompt: list[int], answer: list[int]) -> None:
-        """A finished row: its prompt and the tokens it emitted."""
+    def observe(self, prompt: list[int], answer: list[int], states: list | None = None) -> None:
+        """A finished row: its prompt and the tokens it emitted; for a feature head, the
+        target's last-layer states (n, D each) at the positions before each of them when the
+        engine kept them (else a forward computes them)."""
         if not answer or not prompt:
             return
         if self._t0 is None:
@@ -140,7 +145,10 @@ class OnlineLearner:
         self.rows += 1
         # Held out by prompt: a prompt the job repeats lands on the same side every time.
         held = zlib.crc32(np.asarray(prompt, np.int32).tobytes()) % self.held_every == 0
-        self._new.append((list(prompt), list(answer), held))
+        head = self.serving.kind == HEAD
+        if not head or states is None or sum(h.shape[0] for h in states) != len(answer):
+            states = None
+        self._new.append((list(prompt), list(answer), held, states))
 
     def tick(self) -> bool:
         """One unit of work when the time budget allows; whether it did one."""
@@ -224,26 +232,38 @@ class OnlineLearner:
 
     def _featurize(self) -> None:
         """The oldest new rows (up to a minibatch of tokens) through the first L layers."""
-        batch = [self._new.popleft()]
-        while self._new and _padded(batch + [self._new[0]]) <= self.batch_tokens * 2:
-            batch.append(self._new.popleft())
-        T = bucket(max(len(p) + len(a) - 1 for p, a, _ in batch), self.pad)
-        ids = np.zeros((bucket_rows(len(batch), self.pad), T), np.int32)
-        for r, (p, a, _) in enumerate(batch):
-            seq = (p + a)[:-1]  # the last token's next one is not known
-            ids[r, : len(seq)] = seq
         head = self.serving.kind == HEAD
-        if head:  # the last layer's states
-            h = prefix_hidden(self.model, mx.array(ids), 1)[1]
+        if self._new[0][3] is not None:  # a feature head's pairs, kept by the engine
+            p, a, held, states = self._new.popleft()
+            batch, h, at = [(p, a, held)], mx.concatenate(states)[None], [0]
         else:
-            h = exit_hidden(self.model, mx.array(ids), self.serving.layer)
+            batch = [self._new.popleft()[:3]]
+            while (
+                self._new
+                and self._new[0][3] is None
+                and _padded(batch + [self._new[0][:3]]) <= self.batch_tokens * 2
+            ):
+                batch.append(self._new.popleft()[:3])
+            T = bucket(max(len(p) + len(a) - 1 for p, a, _ in batch), self.pad)
+            ids = np.zeros((bucket_rows(len(batch), self.pad), T), np.int32)
+            for r, (p, a, _) in enumerate(batch):
+                seq = (p + a)[:-1]  # the last token's next one is not known
+                ids[r, : len(seq)] = seq
+            if head:  # the last layer's states
+                h = prefix_hidden(self.model, mx.array(ids), 1)[1]
+            else:
+                h = exit_hidden(self.model, mx.array(ids), self.serving.layer)
+            at = [len(p) - 1 for p, _, _ in batch]  # the state before the answer's first token
         for r, (p, a, held) in enumerate(batch):
-            if head:  # pair i: the state at len(p) - 1 + i and a[i], predicting a[i + 1]
-                n, at = len(a) - 1, len(p) - 1
+            if head:  # pair i: the state before a[i] and a[i], predicting a[i + 1]
+                n = len(a) - 1
                 if n < 1:
                     continue
                 sample = Sample(
-                    h[r, at : at + n], 0, mx.array(a[1:], mx.int32), mx.array(a[:n], mx.int32)
+                    h[r, at[r] : at[r] + n],
+                    0,
+                    mx.array(a[1:], mx.int32),
+                    mx.array(a[:n], mx.int32),
                 )
             else:
                 sample = Sample(h[r, : len(p) + len(a) - 1], len(p) - 1, mx.array(a, mx.int32))
@@ -325,4 +345,4 @@ class OnlineLearner:
 
 
 def _padded(rows: list[tuple[list[int], list[int], bool]]) -> int:
-    return len(rows) * max(len(p) + len(a) for p, a, _ in rows)
+    return len(rows) * max(len(p) + len(a) for p, a, *_ in rows)

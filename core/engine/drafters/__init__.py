@@ -77,7 +77,9 @@ def _adapter(engine, arg):
     if adapter.kind == "feature-head":
         from .feature_head import FeatureHeadDrafter
 
-        return [FeatureHeadDrafter(engine.target, engine.capacity, adapter)]
+        head = FeatureHeadDrafter(engine.target, engine.capacity, adapter)
+        head.keep = engine.engine.learner is not None  # its learner takes the states it read
+        return [head]
     from .adapter import AdapterDrafter
 
     return [AdapterDrafter(engine.target, engine.cache, adapter)]

@@ -31,6 +31,9 @@ from ..scorer import Segment, forward
 from .base import Draft
 
 
+KEEP_COMPACT = 16  # read states kept as slices of the verify steps' outputs, at most
+
+
 class FeatureHeadDrafter:
     kind = "early-exit"  # its prior (draft_length.PRIORS); statistics are kept by name
     lookup = False
@@ -42,6 +45,7 @@ class FeatureHeadDrafter:
         self.adapter = adapter
         self.name = "head"
         self.cache = BatchKVCache(1, capacity)  # the head block's keys and values
+        self.keep = False  # keep the states read on the row (`read_states`): it learns online
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, vocab)
 
@@ -65,6 +69,11 @@ class FeatureHeadDrafter:
             if h.shape[0] != n:
                 raise RuntimeError(f"row {s.slot}: {h.shape[0]} unread states for {n} tokens")
             hs.append(h)
+            if self.keep:
+                s.read_states.append(h)
+                if len(s.read_states) >= KEEP_COMPACT:  # one buffer: the steps' outputs go
+                    s.read_states = [mx.concatenate(s.read_states)]
+                    mx.async_eval(s.read_states[0])
             ids += s.output[read : read + n]
             sizes.append(n)
         x = fh.fuse(model, mx.concatenate(hs) if len(hs) > 1 else hs[0], mx.array(ids, mx.int32))
@@ -103,6 +112,7 @@ class FeatureHeadDrafter:
     def retire(self, seq) -> None:
         self.cache.lengths[seq.slot] = 0
         seq.states = []
+        seq.read_states = []
 
     def step_cost(self, rows: int) -> float:
         return self._share
