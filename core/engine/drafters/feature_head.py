@@ -30,7 +30,6 @@ from ..sampling import choose
 from ..scorer import Segment, forward
 from .base import Draft
 
-
 KEEP_COMPACT = 16  # read states kept as slices of the verify steps' outputs, at most
 
 
