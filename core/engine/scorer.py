@@ -54,7 +54,8 @@ class Segment:
         rows: (R,) cache slots.
         tokens: per row, the token ids of its nodes (ragged; node 0 follows the cached
             prefix). With `hidden`, they only give the node counts.
-        parents: per row, each node's parent index (-1 for node 0), or None for chains.
+        parents: per row, each node's parent index (-1 for node 0, and for any other node
+            that follows the cached prefix directly: a forest), or None for chains.
         ids: (N,) int32 packed token ids on the device (drafts a model sampled), used
             instead of `tokens`' values; None = embed `tokens`.
         hidden: (N, D) packed hidden states at `start_layer` (early exit), else None.
@@ -89,7 +90,7 @@ class Segment:
             else:
                 d = np.zeros(s, dtype=np.int64)
                 for j, p in enumerate(self.parents[i][1:s], start=1):
-                    d[j] = d[p] + 1
+                    d[j] = d[p] + 1 if p >= 0 else 0  # (a forest: several roots)
                 out.append(d)
         return out
 

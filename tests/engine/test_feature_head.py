@@ -82,28 +82,46 @@ def test_a_reduced_vocabulary_head_trains_through_it_and_misses_the_tokens_outsi
 # -- the head as an engine drafter (`--draft head`) -------------------------------------
 
 
-def _offline_chain(target, adapter, prompt: list[int], output: list[int], k: int) -> list[int]:
-    """The chain the head drafts after `prompt + output`, computed over whole sequences:
-    the target's states at positions len(prompt) - 1 .. end - 2 paired with the output
-    tokens, the head causally over all pairs, each drafted token's pair appended with the
-    predicted state (EAGLE's chain), greedy over its draft vocabulary."""
+def _offline_logits(target, adapter, prompt: list[int], output: list[int], path: list[int]):
+    """The head's draft logits after `prompt + output` and the draft tokens `path`, computed
+    over whole sequences: the target's states at positions len(prompt) - 1 .. end - 2
+    paired with the output tokens, the head causally over all pairs, each path token's pair
+    appended with the predicted state (EAGLE's chain); -inf off its draft vocabulary."""
     from core.engine.adapters.block import prefix_hidden
     from core.engine.adapters.head import scorer
-
-    head_, score = adapter.block, scorer(target.model, adapter.vocab)
 
     ids = mx.array([prompt + output[:-1]])
     _, final = prefix_hidden(target.model, ids, 1)
     h = final[0, len(prompt) - 1 :]  # (n, D): one state per output token
     toks = list(output)
-    out = []
-    for _ in range(k):
-        pred = head_(target.model, h[None], mx.array([toks]), "causal" if len(toks) > 1 else None)
-        nxt = int(score(pred[0, -1]).argmax().item())
-        nxt = nxt if adapter.vocab is None else adapter.vocab[nxt].item()
-        out.append(nxt)
+    pred = adapter.block(
+        target.model, h[None], mx.array([toks]), "causal" if len(toks) > 1 else None
+    )
+    for t in path:
         h = mx.concatenate([h, pred[0, -1:]])
-        toks.append(nxt)
+        toks.append(t)
+        pred = adapter.block(target.model, h[None], mx.array([toks]), "causal")
+    small = scorer(target.model, adapter.vocab)(pred[0, -1]).astype(mx.float32)
+    if adapter.vocab is None:
+        return small
+    full = mx.full((target.model.model.embed_tokens.weight.shape[0],), -mx.inf)
+    full[adapter.vocab] = small
+    return full
+
+
+def _path(parents: list[int], j: int) -> list[int]:
+    """Node j's path from the root's child (drafts-only parents: -1 = the root)."""
+    out = [j]
+    while parents[out[0]] >= 0:
+        out.insert(0, parents[out[0]])
+    return out
+
+
+def _offline_chain(target, adapter, prompt: list[int], output: list[int], k: int) -> list[int]:
+    """The chain the head drafts greedily (`_offline_logits`' argmax, k times)."""
+    out: list[int] = []
+    for _ in range(k):
+        out.append(int(_offline_logits(target, adapter, prompt, output, out).argmax().item()))
     return out
 
 
@@ -138,7 +156,7 @@ def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
         (target.encode_prompt(p), GenerationParams(max_tokens=10 + 7 * i))
         for i, p in enumerate(WORKLOAD[:5])
     ]
-    eng = Engine(target, draft="head", surface=CostSurface.flat(), batch_size=3, k=3)
+    eng = Engine(target, draft="head:1", surface=CostSurface.flat(), batch_size=3, k=3)
     got = [r.tokens for r in eng.generate_many(reqs)]
     assert len(seen) > 10
     for prompt, output, drafted, adapter in seen:
@@ -147,6 +165,64 @@ def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
     if vocab is not None:
         assert 1 < seen[0][3].vocab.size <= vocab
         assert {t for *_, d, _ in seen for t in d} <= set(seen[0][3].vocab.tolist())
+    plain = Engine(target, draft="none", surface=CostSurface.flat(), batch_size=1)
+    assert got == [plain.generate(p, q).tokens for p, q in reqs]
+
+
+@pytest.mark.parametrize("vocab", [None, 40])
+def test_a_head_tree_holds_the_heads_likeliest_tokens_at_every_node(
+    make_tiny, adapter_home, tmp_path, monkeypatch, vocab
+):
+    """`head:2`: every tree the batched engine drafts (rows joining, finishing, prefill and
+    plain steps between) has the k nodes asked for; each node's token is among the 2 the
+    head ranks highest after its parent's path, computed over the row's whole history,
+    each parent's first child is the head's best token there, and each node's chance is
+    the head's probability of its path. Output is plain greedy's."""
+    from core.engine import CostSurface, Engine, GenerationParams
+    from core.engine.drafters.feature_head import FeatureHeadDrafter
+    from tests.engine.conftest import store_head
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
+    target = make_tiny(4)
+    store_head(target, vocab=vocab)
+    seen = []
+    propose = FeatureHeadDrafter.propose
+
+    def spy(self, seqs, ks):
+        draft = propose(self, seqs, ks)
+        for i, s in enumerate(seqs):
+            toks, parents, ch = draft.tokens[i], draft.parents[i], draft.chances[i]
+            seen.append((list(s.prompt), list(s.output), ks[i], toks, parents, ch, self.adapter))
+        return draft
+
+    monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=10 + 7 * i))
+        for i, p in enumerate(WORKLOAD[:5])
+    ]
+    eng = Engine(target, draft="head:2", surface=CostSurface.flat(), batch_size=3, k=8)
+    got = [r.tokens for r in eng.generate_many(reqs)]
+    assert len(seen) > 10
+    branched = 0
+    for prompt, output, k, toks, parents, chances, adapter in seen:
+        assert len(toks) == len(parents) == len(chances) == k
+        assert all(p < j for j, p in enumerate(parents))  # parents first
+        branched += len(set(parents)) < len(parents)
+        for j, (t, p) in enumerate(zip(toks, parents, strict=True)):
+            path = [] if p < 0 else [toks[q] for q in _path(parents, p)]
+            logits = _offline_logits(target, adapter, prompt, output, path)
+            ranked = mx.sort(logits)[::-1]
+            assert logits[t].item() >= ranked[1].item() - 1e-4, (j, path, t)
+            if parents.index(p) == j:  # the parent's first child
+                assert logits[t].item() >= ranked[0].item() - 1e-4, (j, path, t)
+            # Its chance: the head's probability of the path root -> node.
+            prob = mx.softmax(logits)[t].item() * (1.0 if p < 0 else chances[p])
+            assert chances[j] == pytest.approx(prob, rel=1e-3), (j, path, t)
+    assert branched > len(seen) // 2  # trees, not only chains
+    deep = sum(
+        len(_path(parents, j)) >= 3 for *_, parents, _, _ in seen for j in range(len(parents))
+    )
+    assert deep > len(seen)  # nodes whose parent's state came from a forward over a path
     plain = Engine(target, draft="none", surface=CostSurface.flat(), batch_size=1)
     assert got == [plain.generate(p, q).tokens for p, q in reqs]
 

@@ -30,6 +30,7 @@ DRAFTERS = [
     "adapter:3",
     "adapter",
     "head",
+    "head:1",
 ]
 FLAT = CostSurface.flat()
 TIE = 1e-3  # a tiny model's top-two logit gap below which GPU rounding may pick either
@@ -45,7 +46,7 @@ def engine(target, drafter, make_tiny, k=None, batch=4, **kw):
     if drafter.startswith("adapter") or drafter == "auto":
         for layer in (1, target.num_layers - 1):  # L + 1 = the last layer: forward's head
             store_adapter(target, layer)
-    if drafter == "head":
+    if drafter.startswith("head"):
         store_head(target)
     if drafter.startswith("draft-model"):
         kw["draft_model"] = target if drafter.endswith("same") else make_tiny(99)
@@ -167,6 +168,7 @@ def _exact_two_tokens(model, prompt, V):
         "adapter:2",
         "adapter:1+learn",
         "head",
+        "head:1",
     ],
 )
 def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
@@ -190,7 +192,7 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
         extra = {"learn": 1.0}  # a unit of learning every step: the same swaps on any machine
     if drafter.startswith("adapter"):
         store_adapter(target, int(drafter.split(":")[1]), prompts=[[0, 1, 2], [3, 4, 5, 1]])
-    if drafter == "head":
+    if drafter.startswith("head"):
         store_head(target, prompts=[[0, 1, 2], [3, 4, 5, 1]])
     exact = [_exact_two_tokens(target.model, p, V) for p in prompts]
     eng = Engine(target, draft=drafter, k=3, surface=FLAT, batch_size=3, **extra)
@@ -311,10 +313,20 @@ def _leaves(m):
 
 @pytest.mark.parametrize(
     "spec",
-    ["bogus", "early-exit", "early-exit:x", "early-exit:0", "early-exit:99", "ngram:3", "tree:3,2"],
+    [
+        "bogus",
+        "early-exit",
+        "early-exit:x",
+        "early-exit:0",
+        "early-exit:99",
+        "ngram:3",
+        "tree:3,2",
+        "head:0",
+        "head:x",
+    ],
 )
 def test_bad_drafter_spec(spec, make_tiny):
-    with pytest.raises(ValueError, match="drafter|layer"):
+    with pytest.raises(ValueError, match="drafter|layer|width"):
         Engine(make_tiny(0), draft=spec)
 
 

@@ -72,12 +72,17 @@ def _suffix(engine, arg):
     return [SuffixDrafter(engine)]
 
 
-def _adapter(engine, arg):
+def _width(arg: str) -> None:
+    if not arg.isdigit() or int(arg) < 1:
+        raise ValueError(f"head takes a tree width (1 = a chain), got {arg!r}")
+
+
+def _adapter(engine, arg, width: int | None = None):
     adapter = engine.engine.adapter
     if adapter.kind == "feature-head":
-        from .feature_head import FeatureHeadDrafter
+        from .feature_head import WIDTH, FeatureHeadDrafter
 
-        head = FeatureHeadDrafter(engine.target, engine.capacity, adapter)
+        head = FeatureHeadDrafter(engine.target, engine.capacity, adapter, width or WIDTH)
         head.keep = engine.engine.learner is not None  # its learner takes the states it read
         return [head]
     from .adapter import AdapterDrafter
@@ -126,6 +131,10 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, 
         return None  # a corrupt or foreign file: the other drafters draft
 
 
+def _head(engine, arg):
+    return _adapter(engine, None, int(arg) if arg else None)
+
+
 def _auto(engine, arg):
     # Prompt lookup, the job's suffix index, the draft model when one is configured and
     # the best stored self-drafter when there is one; each row uses the one whose measured
@@ -161,9 +170,11 @@ ENTRIES = [
     ),
     Entry(
         "head",
-        None,
-        "the trained feature head over the target's last states (`calibrate --exit-layer head`)",
-        _adapter,
+        "W?",
+        "the trained feature head over the target's last states (`calibrate --exit-layer"
+        " head`); W: its tree's width (1 = a chain)",
+        _head,
+        _width,
     ),
     Entry("tree", None, "per-row token trees of prompt-lookup candidates", _tree),
     Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),

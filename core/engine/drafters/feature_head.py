@@ -16,6 +16,16 @@ dropped (the row's length goes back to its read pairs): the next read replaces t
 pairs built from the target's true states. Sampled rows draw with `sampling.choose` and the
 target's per-position uniforms, like every model drafter, so a node is accepted exactly
 when it equals the target's own token: lossless whatever the head learned.
+
+With a width W > 1 (`--draft head:W`) a greedy row drafts a token tree instead of a chain
+(EAGLE-2): each expanded node proposes its W likeliest tokens under the head, the W new
+nodes of highest path probability (the product of the head's probabilities from the root)
+are expanded at the next depth, and the row's k nodes of highest path probability go to
+the verify step through the tree path. A chain is one such tree, so the k nodes kept hold
+at least the chain's expected accepted length under the head's own probabilities. Each
+depth runs the block once over the nodes on the paths to the nodes it expands (the tree
+mask lets a node see only its ancestors and the row's read pairs); the tokens come to the
+host once per depth. Sampled rows keep drafting a chain (W = 1 for them).
 """
 
 from __future__ import annotations
@@ -28,8 +38,10 @@ from ..adapters.head import weight_share
 from ..cache import BatchKVCache
 from ..sampling import choose
 from ..scorer import Segment, forward
+from ..tree import TokenTree, best_first
 from .base import Draft
 
+WIDTH = 4  # the tree's width unless a spec says (`head:W`)
 KEEP_COMPACT = 16  # read states kept as slices of the verify steps' outputs, at most
 
 
@@ -39,9 +51,10 @@ class FeatureHeadDrafter:
     calibrated = False
     reads_states = True  # the engine keeps each row's committed states for it
 
-    def __init__(self, target, capacity: int, adapter: Adapter):
+    def __init__(self, target, capacity: int, adapter: Adapter, width: int = 1):
         self.target = target
         self.adapter = adapter
+        self.width = width  # alternatives per expanded node: 1 = a chain
         self.name = "head"
         self.cache = BatchKVCache(1, capacity)  # the head block's keys and values
         self.keep = False  # keep the states read on the row (`read_states`): it learns online
@@ -83,6 +96,10 @@ class FeatureHeadDrafter:
         pred = pred[mx.array(last.astype(np.int32))]  # (R', D)
         base = cache.lengths[slots] + np.asarray(sizes)
         cache.lengths[slots] = base
+        if self.width > 1:
+            draft = self._tree(seqs, ks, live, pred, base)
+            self._read_all(seqs, ks)
+            return draft
         for depth in range(k_max):
             pos = np.array([len(seqs[i].history) + depth for i in live])
             seeds = np.array([seqs[i].seed for i in live], dtype=np.uint32)
@@ -99,11 +116,98 @@ class FeatureHeadDrafter:
             cache.lengths[slots] = base + depth  # the chain's own entries, dropped below
             seg = Segment(slots, [[0]] * len(live), hidden=fh.fuse(model, pred, drafted))
             pred = forward(model, cache, [seg], stop=1, blocks={0: fh.block})[0]
+        self._read_all(seqs, ks)
+        return Draft(sizes=list(ks), tokens=tokens, source=self.name)
+
+    def _read_all(self, seqs, ks: list[int]) -> None:
         for i in [i for i, k in enumerate(ks) if k > 0]:
             s = seqs[i]
-            cache.lengths[s.slot] = len(s.output)  # every pair read, the chain's dropped
+            self.cache.lengths[s.slot] = len(s.output)  # every pair read, the draft's dropped
             s.states = []
-        return Draft(sizes=list(ks), tokens=tokens, source=self.name)
+
+    def _tree(self, seqs, ks: list[int], live: list[int], pred: mx.array, base) -> Draft:
+        """Per live row, the tree of its ks[i] likeliest nodes (module docstring). `pred`:
+        (R', D) the predicted state at each live row's pending token; `base`: (R',) the
+        rows' read lengths in the head's cache."""
+        model, fh = self.target.model, self.adapter.block
+        trees = {i: TokenTree.root(seqs[i].pending) for i in live}
+        xs: list[mx.array] = []  # the block inputs made so far, one (n, D) array per depth
+        held: dict[tuple[int, int], int] = {}  # (row, node) -> its input's row in `xs`
+        at = {i: int(b) for i, b in zip(live, base, strict=True)}
+        frontier = [(i, 0) for i in live]  # (row, node) whose predicted state is in `pred`
+        for depth in range(max(ks[i] for i in live)):
+            raw = draft_logits(model, self.adapter, pred)  # (F, V)
+            rows = [i for i, _ in frontier]
+            first = choose(
+                raw,
+                [seqs[i].params for i in rows],
+                np.array([seqs[i].seed for i in rows], dtype=np.uint32),
+                np.array([len(seqs[i].history) + depth for i in rows]),
+            )
+            logits = raw.astype(mx.float32)
+            w = min(self.width, logits.shape[-1])
+            top = mx.argpartition(-logits, w - 1, axis=-1)[:, :w]  # (F, W)
+            lse = mx.logsumexp(logits, axis=-1, keepdims=True)
+            logp = mx.take_along_axis(logits, mx.concatenate([first[:, None], top], 1), 1) - lse
+            mx.eval(first, top, logp)
+            first_h, top_h, p_h = first.tolist(), top.tolist(), np.exp(np.array(logp))
+            grown: dict[int, list[int]] = {}
+            for f, (i, node) in enumerate(frontier):
+                tree = trees[i]
+                cands = [(first_h[f], p_h[f, 0])]
+                if seqs[i].params.greedy:
+                    ranked = sorted(range(w), key=lambda j: -p_h[f, 1 + j])
+                    cands += [(top_h[f][j], p_h[f, 1 + j]) for j in ranked]
+                    cands = _distinct(cands)[:w]
+                for t, p in cands:
+                    if not np.isfinite(p) or p <= 0.0:
+                        continue
+                    n = tree.add(node, t, tree.scores[node] * float(p))
+                    grown.setdefault(i, []).append((f, n))
+            nxt = []  # the nodes expanded at the next depth: each row's `width` likeliest
+            for i, made in grown.items():
+                if depth + 1 >= ks[i]:
+                    continue
+                made.sort(key=lambda fn: -trees[i].scores[fn[1]])
+                nxt += [(i, f, n) for f, n in made[: self.width]]
+            if not nxt:
+                break
+            # Their block inputs: the parent's predicted state with the node's token.
+            x = fh.fuse(
+                model,
+                pred[mx.array([f for _, f, _ in nxt])],
+                mx.array([trees[i].tokens[n] for i, _, n in nxt], mx.int32),
+            )
+            made = sum(a.shape[0] for a in xs)
+            held.update({(i, n): made + j for j, (i, _, n) in enumerate(nxt)})
+            xs.append(x)
+            # One block forward per row over the paths to its next nodes (root excluded).
+            order: dict[int, set[int]] = {}
+            for i, _, n in nxt:
+                order.setdefault(i, set()).update(trees[i].path(n)[1:])
+            seg_rows, seg_nodes, seg_parents, gather, where = [], [], [], [], {}
+            for i, nodes in order.items():
+                nodes = sorted(nodes)  # parents come first
+                local = {n: j for j, n in enumerate(nodes)}
+                seg_rows.append(seqs[i].slot)
+                seg_nodes.append([0] * len(nodes))
+                seg_parents.append([local.get(trees[i].parents[n], -1) for n in nodes])
+                where.update({(i, n): len(gather) + j for n, j in local.items()})
+                gather += [held[(i, n)] for n in nodes]
+                self.cache.lengths[seqs[i].slot] = at[i]
+            x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
+            seg = Segment(seg_rows, seg_nodes, parents=seg_parents, hidden=x[mx.array(gather)])
+            out = forward(model, self.cache, [seg], stop=1, blocks={0: fh.block})[0]
+            pred = out[mx.array([where[(i, n)] for i, _, n in nxt])]
+            frontier = [(i, n) for i, _, n in nxt]
+        sizes, tokens, parents, chances = [], [], [], []
+        for i, k in enumerate(ks):
+            tree = best_first(trees[i], k) if i in trees else TokenTree.root(0)
+            sizes.append(tree.size - 1)
+            tokens.append(tree.tokens[1:])
+            parents.append([p - 1 for p in tree.parents[1:]])  # drafts-only: -1 = the root
+            chances.append(tree.scores[1:])  # the head's probability of each node's path
+        return Draft(sizes, tokens, parents=parents, chances=chances, source=self.name)
 
     def commit(self, seqs, draft: Draft, paths) -> None:
         pass  # the pairs the verify step committed arrive through `Sequence.states`
@@ -118,3 +222,14 @@ class FeatureHeadDrafter:
 
     def evidence(self) -> int:
         return 0
+
+
+def _distinct(cands: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Candidates without repeated tokens, in order (the first of each kept)."""
+    seen: set[int] = set()
+    out = []
+    for t, p in cands:
+        if t not in seen:
+            seen.add(t)
+            out.append((t, p))
+    return out
