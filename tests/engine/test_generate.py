@@ -410,7 +410,7 @@ def test_the_shared_prefix_found_for_all_rows_at_once_is_the_one_row_by_row(
     assert found > 20
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "auto"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "auto", "head"])
 def test_cuda_shapes_change_nothing(drafter, make_tiny, monkeypatch):
     """With padded reads (the CUDA layout, forced here) every slot verifies in one segment of
     a fixed query count, empty slots with a dummy token: each row still equals itself alone."""
