@@ -193,7 +193,7 @@ head-heldout)  # -> h200-head-open-held-out.json: the stored head and L6 adapter
     --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
     --reference ours_single -o "$OUT/h200-head-open-held-out.json" 2>&1 | tee "$OUT/h200-head-open-held-out.txt" | tail -40
   ;;
-head-more)  # [calibrate options] -> h200-calibrate-open-head-s8.json: the feature head from the same 195 training prompts with 8 sampled answers each beside the greedy one (2.3x the answers of `head`), 12 passes; head-more-heldout then runs it -> h200-head-s8-open-held-out.json on the 49 held-out prompts at batch 1 and 64: none, the head's tree (head) and its chain (head:1) side by side
+head-more)  # [calibrate options] -> h200-calibrate-open-head-s8.json: the feature head from the same 195 training prompts with 8 sampled answers each beside the greedy one (2.3x the answers of `head`), 12 passes; head-more-heldout then runs it -> h200-head-s8-open-held-out.json on the 49 held-out prompts at batch 1 and 64: none, the head's chain (head) and its 4-wide tree (head:4) side by side
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 -c 'from api.cli import main; main()' calibrate --data "$HOME/open-3000.jsonl" \
     --exit-layer head --samples 8 --json "${@:2}" > "$OUT/h200-calibrate-open-head-s8.json" 2>> "$OUT/calibrate.log" \
@@ -204,7 +204,7 @@ head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   timeout ${BENCH_S:-400} python3 -c 'from api.bench_cmd import bench; bench()' \
-    --input "$HOME/open-held-out.jsonl" --draft head --also-draft head:1 \
+    --input "$HOME/open-held-out.jsonl" --draft head --also-draft head:4 \
     --rows ours_single,ours_batched,ours_batched_spec --our-batch-sizes 1,64 \
     --reference ours_single -o "$OUT/h200-head-s8-open-held-out.json" 2>&1 | tee "$OUT/h200-head-s8-open-held-out.txt" | tail -40
   ;;

@@ -125,30 +125,26 @@ def _offline_chain(target, adapter, prompt: list[int], output: list[int], k: int
     return out
 
 
-@pytest.mark.parametrize("vocab", [None, 40])
-def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
-    make_tiny, adapter_home, tmp_path, monkeypatch, vocab
-):
-    """Every chain the batched engine drafts (rows joining, finishing, other rows'
-    steps, prefill and plain steps between) is the head's chain over the row's whole
-    history: the states it reads are the target's at exactly those positions. A head
-    with a reduced draft vocabulary drafts the best of its tokens. Output is plain
-    greedy's."""
+def _engine_drafts(monkeypatch, target, spec: str, k: int) -> list[tuple]:
+    """Five requests through a 3-row engine drafting with `spec` at fixed k (rows joining,
+    finishing, prefill and plain steps between); its output must be plain greedy's.
+    Returns, per row of every draft: (prompt, output so far, k asked, the row's tokens,
+    parents and chances (None for a chain), the head)."""
     from core.engine import CostSurface, Engine, GenerationParams
     from core.engine.drafters.feature_head import FeatureHeadDrafter
-    from tests.engine.conftest import store_head
 
-    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
-    target = make_tiny(3)
-    store_head(target, vocab=vocab)
     seen = []
     propose = FeatureHeadDrafter.propose
 
     def spy(self, seqs, ks):
         draft = propose(self, seqs, ks)
-        toks = draft.tokens.tolist()
+        chain = isinstance(draft.tokens, mx.array)
+        toks = draft.tokens.tolist() if chain else draft.tokens
         for i, s in enumerate(seqs):
-            seen.append((list(s.prompt), list(s.output), toks[i][: ks[i]], self.adapter))
+            parents = None if chain else draft.parents[i]
+            chances = None if chain else draft.chances[i]
+            row = (list(s.prompt), list(s.output), ks[i], toks[i][: ks[i]], parents, chances)
+            seen.append((*row, self.adapter))
         return draft
 
     monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
@@ -156,53 +152,51 @@ def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
         (target.encode_prompt(p), GenerationParams(max_tokens=10 + 7 * i))
         for i, p in enumerate(WORKLOAD[:5])
     ]
-    eng = Engine(target, draft="head:1", surface=CostSurface.flat(), batch_size=3, k=3)
+    eng = Engine(target, draft=spec, surface=CostSurface.flat(), batch_size=3, k=k)
     got = [r.tokens for r in eng.generate_many(reqs)]
+    plain = Engine(target, draft="none", surface=CostSurface.flat(), batch_size=1)
+    assert got == [plain.generate(p, q).tokens for p, q in reqs]
     assert len(seen) > 10
-    for prompt, output, drafted, adapter in seen:
+    return seen
+
+
+@pytest.mark.parametrize("vocab", [None, 40])
+def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
+    make_tiny, adapter_home, tmp_path, monkeypatch, vocab
+):
+    """Every chain the batched engine drafts is the head's chain over the row's whole
+    history: the states it reads are the target's at exactly those positions. A head
+    with a reduced draft vocabulary drafts the best of its tokens. Output is plain
+    greedy's."""
+    from tests.engine.conftest import store_head
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
+    target = make_tiny(3)
+    store_head(target, vocab=vocab)
+    seen = _engine_drafts(monkeypatch, target, "head:1", 3)
+    for prompt, output, _, drafted, _, _, adapter in seen:
         want = _offline_chain(target, adapter, prompt, output, len(drafted))
         assert drafted == want, (len(output), drafted, want)
     if vocab is not None:
-        assert 1 < seen[0][3].vocab.size <= vocab
-        assert {t for *_, d, _ in seen for t in d} <= set(seen[0][3].vocab.tolist())
-    plain = Engine(target, draft="none", surface=CostSurface.flat(), batch_size=1)
-    assert got == [plain.generate(p, q).tokens for p, q in reqs]
+        assert 1 < seen[0][-1].vocab.size <= vocab
+        assert {t for s in seen for t in s[3]} <= set(seen[0][-1].vocab.tolist())
 
 
 @pytest.mark.parametrize("vocab", [None, 40])
 def test_a_head_tree_holds_the_heads_likeliest_tokens_at_every_node(
     make_tiny, adapter_home, tmp_path, monkeypatch, vocab
 ):
-    """`head:2`: every tree the batched engine drafts (rows joining, finishing, prefill and
-    plain steps between) has the k nodes asked for; each node's token is among the 2 the
-    head ranks highest after its parent's path, computed over the row's whole history,
-    each parent's first child is the head's best token there, and each node's chance is
-    the head's probability of its path. Output is plain greedy's."""
-    from core.engine import CostSurface, Engine, GenerationParams
-    from core.engine.drafters.feature_head import FeatureHeadDrafter
+    """`head:2`: every tree the batched engine drafts has the k nodes asked for; each
+    node's token is among the 2 the head ranks highest after its parent's path, computed
+    over the row's whole history, each parent's first child is the head's best token
+    there, and each node's chance is the head's probability of its path. Output is plain
+    greedy's."""
     from tests.engine.conftest import store_head
 
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
     target = make_tiny(4)
     store_head(target, vocab=vocab)
-    seen = []
-    propose = FeatureHeadDrafter.propose
-
-    def spy(self, seqs, ks):
-        draft = propose(self, seqs, ks)
-        for i, s in enumerate(seqs):
-            toks, parents, ch = draft.tokens[i], draft.parents[i], draft.chances[i]
-            seen.append((list(s.prompt), list(s.output), ks[i], toks, parents, ch, self.adapter))
-        return draft
-
-    monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
-    reqs = [
-        (target.encode_prompt(p), GenerationParams(max_tokens=10 + 7 * i))
-        for i, p in enumerate(WORKLOAD[:5])
-    ]
-    eng = Engine(target, draft="head:2", surface=CostSurface.flat(), batch_size=3, k=8)
-    got = [r.tokens for r in eng.generate_many(reqs)]
-    assert len(seen) > 10
+    seen = _engine_drafts(monkeypatch, target, "head:2", 8)
     branched = 0
     for prompt, output, k, toks, parents, chances, adapter in seen:
         assert len(toks) == len(parents) == len(chances) == k
@@ -223,8 +217,6 @@ def test_a_head_tree_holds_the_heads_likeliest_tokens_at_every_node(
         len(_path(parents, j)) >= 3 for *_, parents, _, _ in seen for j in range(len(parents))
     )
     assert deep > len(seen)  # nodes whose parent's state came from a forward over a path
-    plain = Engine(target, draft="none", surface=CostSurface.flat(), batch_size=1)
-    assert got == [plain.generate(p, q).tokens for p, q in reqs]
 
 
 def test_a_head_for_another_model_is_refused_and_none_stored_names_calibrate(

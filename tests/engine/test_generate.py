@@ -30,7 +30,7 @@ DRAFTERS = [
     "adapter:3",
     "adapter",
     "head",
-    "head:1",
+    "head:3",
 ]
 FLAT = CostSurface.flat()
 TIE = 1e-3  # a tiny model's top-two logit gap below which GPU rounding may pick either
@@ -168,7 +168,7 @@ def _exact_two_tokens(model, prompt, V):
         "adapter:2",
         "adapter:1+learn",
         "head",
-        "head:1",
+        "head:3",
     ],
 )
 def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
@@ -410,7 +410,7 @@ def test_the_shared_prefix_found_for_all_rows_at_once_is_the_one_row_by_row(
     assert found > 20
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "auto", "head"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "auto", "head:3"])
 def test_cuda_shapes_change_nothing(drafter, make_tiny, monkeypatch):
     """With padded reads (the CUDA layout, forced here) every slot verifies in one segment of
     a fixed query count, empty slots with a dummy token: each row still equals itself alone."""

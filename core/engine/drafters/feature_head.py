@@ -17,7 +17,7 @@ pairs built from the target's true states. Sampled rows draw with `sampling.choo
 target's per-position uniforms, like every model drafter, so a node is accepted exactly
 when it equals the target's own token: lossless whatever the head learned.
 
-With a width W > 1 (`--draft head:W`) a greedy row drafts a token tree instead of a chain
+With a width W > 1 (`--draft head:W`; `head` alone drafts a chain) a greedy row drafts a token tree instead of a chain
 (EAGLE-2): each expanded node proposes its W likeliest tokens under the head, the W new
 nodes of highest path probability (the product of the head's probabilities from the root)
 are expanded at the next depth, and the row's k nodes of highest path probability go to
@@ -41,7 +41,10 @@ from ..scorer import Segment, forward
 from ..tree import TokenTree, best_first
 from .base import Draft
 
-WIDTH = 4  # the tree's width unless a spec says (`head:W`)
+# The tree's width unless a spec says (`head:W`). A chain: on this CPU at batch 1 the head's
+# 4-wide trees accepted 1.77 tokens a step against the chain's 1.70 and ran 0.88x of it
+# (bench/results/cpu-head-tree-s8-open-held-out-b1.txt).
+WIDTH = 1
 KEEP_COMPACT = 16  # read states kept as slices of the verify steps' outputs, at most
 
 
