@@ -17,8 +17,8 @@ pairs built from the target's true states. Sampled rows draw with `sampling.choo
 target's per-position uniforms, like every model drafter, so a node is accepted exactly
 when it equals the target's own token: lossless whatever the head learned.
 
-With a width W > 1 (`--draft head:W`; `head` alone drafts a chain) a greedy row drafts a token tree instead of a chain
-(EAGLE-2): each expanded node proposes its W likeliest tokens under the head, the W new
+With a width W > 1 (`--draft head:W`; `head` alone drafts a chain) a greedy row drafts a
+token tree instead of a chain (EAGLE-2): each expanded node proposes its W likeliest tokens under the head, the W new
 nodes of highest path probability (the product of the head's probabilities from the root)
 are expanded at the next depth, and the row's k nodes of highest path probability go to
 the verify step through the tree path. A chain is one such tree, so the k nodes kept hold
@@ -54,7 +54,7 @@ class FeatureHeadDrafter:
     calibrated = False
     reads_states = True  # the engine keeps each row's committed states for it
 
-    def __init__(self, target, capacity: int, adapter: Adapter, width: int = 1):
+    def __init__(self, target, capacity: int, adapter: Adapter, width: int = WIDTH):
         self.target = target
         self.adapter = adapter
         self.width = width  # alternatives per expanded node: 1 = a chain
@@ -134,7 +134,7 @@ class FeatureHeadDrafter:
         rows' read lengths in the head's cache."""
         model, fh = self.target.model, self.adapter.block
         trees = {i: TokenTree.root(seqs[i].pending) for i in live}
-        xs: list[mx.array] = []  # the block inputs made so far, one (n, D) array per depth
+        xs = None  # (n, D) the block inputs of every node expanded so far
         held: dict[tuple[int, int], int] = {}  # (row, node) -> its input's row in `xs`
         at = {i: int(b) for i, b in zip(live, base, strict=True)}
         frontier = [(i, 0) for i in live]  # (row, node) whose predicted state is in `pred`
@@ -157,11 +157,11 @@ class FeatureHeadDrafter:
             grown: dict[int, list[int]] = {}
             for f, (i, node) in enumerate(frontier):
                 tree = trees[i]
-                cands = [(first_h[f], p_h[f, 0])]
-                if seqs[i].params.greedy:
+                if seqs[i].params.greedy:  # its W likeliest, the best (`first`) first
                     ranked = sorted(range(w), key=lambda j: -p_h[f, 1 + j])
-                    cands += [(top_h[f][j], p_h[f, 1 + j]) for j in ranked]
-                    cands = _distinct(cands)[:w]
+                    cands = [(top_h[f][j], p_h[f, 1 + j]) for j in ranked]
+                else:
+                    cands = [(first_h[f], p_h[f, 0])]
                 for t, p in cands:
                     if not np.isfinite(p) or p <= 0.0:
                         continue
@@ -181,9 +181,9 @@ class FeatureHeadDrafter:
                 pred[mx.array([f for _, f, _ in nxt])],
                 mx.array([trees[i].tokens[n] for i, _, n in nxt], mx.int32),
             )
-            made = sum(a.shape[0] for a in xs)
-            held.update({(i, n): made + j for j, (i, _, n) in enumerate(nxt)})
-            xs.append(x)
+            have = 0 if xs is None else xs.shape[0]
+            held.update({(i, n): have + j for j, (i, _, n) in enumerate(nxt)})
+            xs = x if xs is None else mx.concatenate([xs, x])
             # One block forward per row over the paths to its next nodes (root excluded).
             order: dict[int, set[int]] = {}
             for i, _, n in nxt:
@@ -198,8 +198,7 @@ class FeatureHeadDrafter:
                 where.update({(i, n): len(gather) + j for n, j in local.items()})
                 gather += [held[(i, n)] for n in nodes]
                 self.cache.lengths[seqs[i].slot] = at[i]
-            x = xs[0] if len(xs) == 1 else mx.concatenate(xs)
-            seg = Segment(seg_rows, seg_nodes, parents=seg_parents, hidden=x[mx.array(gather)])
+            seg = Segment(seg_rows, seg_nodes, parents=seg_parents, hidden=xs[mx.array(gather)])
             out = forward(model, self.cache, [seg], stop=1, blocks={0: fh.block})[0]
             pred = out[mx.array([where[(i, n)] for i, _, n in nxt])]
             frontier = [(i, n) for i, _, n in nxt]
@@ -225,14 +224,3 @@ class FeatureHeadDrafter:
 
     def evidence(self) -> int:
         return 0
-
-
-def _distinct(cands: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """Candidates without repeated tokens, in order (the first of each kept)."""
-    seen: set[int] = set()
-    out = []
-    for t, p in cands:
-        if t not in seen:
-            seen.add(t)
-            out.append((t, p))
-    return out
