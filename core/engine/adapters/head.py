@@ -37,7 +37,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..scorer import head
-from .block import Adapter, target_size, vocab_rows
+from .block import Adapter, param_count, target_size, vocab_rows
 from .data import Example, Features
 from .training import _kl, warmup_cosine
 
@@ -99,11 +99,11 @@ def weight_share(model: nn.Module, vocab_size: int | None = None) -> float:
     """The share of the target's weights one draft token reads: the head's fusion and block
     and the target's output head (or its `vocab_size` reduced rows)."""
     emb = model.lm_head if hasattr(model, "lm_head") else model.model.embed_tokens
-    head_ = sum(v.size for _, v in tree_flatten(emb.parameters()))
+    head_ = param_count(emb)
     if vocab_size is not None:
         head_ = head_ * vocab_size / model.model.embed_tokens.weight.shape[0]
     D = model.args.hidden_size
-    block = sum(v.size for _, v in tree_flatten(model.model.layers[-1].parameters()))
+    block = param_count(model.model.layers[-1])
     return (2 * D * D + block + head_) / target_size(model)
 
 
