@@ -127,29 +127,38 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
     lengths = cache.lengths[seg.rows]  # (R,)
     ends = lengths + np.asarray(seg.sizes)
     width = cache.read_width(int(ends.max()))
-    depths = seg.depth()
-    tok_rows = np.repeat(np.asarray(seg.rows), seg.sizes)
-    tok_slots = np.concatenate([lengths[i] + np.arange(s) for i, s in enumerate(seg.sizes)])
-    positions = np.concatenate([lengths[i] + d for i, d in enumerate(depths)])
-    # Mask: node t of row r sees the row's prefix and its own ancestors (itself included).
-    anc = np.zeros((R, w, w), dtype=bool)
-    for i, s in enumerate(seg.sizes):
-        if seg.parents is None:
-            anc[i, :s, :s] = np.tril(np.ones((s, s), dtype=bool))
-        else:
-            for t in range(s):
-                p = seg.parents[i][t]
-                if p >= 0:
-                    anc[i, t] = anc[i, p]
-                anc[i, t, t] = True
-        anc[i, s:, 0] = True  # padded queries see one key: their output is never read
-    mask = np.zeros((R, w, width), dtype=bool)
-    cols = np.arange(width)
-    mask[:] = cols[None, None, :] < lengths[:, None, None]
-    for i in range(R):
-        lo = int(lengths[i])
-        span = min(w, width - lo)  # padded nodes past the row's own end are never keys
-        mask[i, :, lo : lo + span] |= anc[i, :, :span]
+    sizes = np.asarray(seg.sizes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    within = np.arange(int(sizes.sum())) - np.repeat(starts, sizes)  # each node's index in its row
+    depths = within if seg.parents is None else np.concatenate(seg.depth())
+    tok_rows = np.repeat(np.asarray(seg.rows), sizes)
+    tok_slots = np.repeat(lengths, sizes) + within
+    positions = np.repeat(lengths, sizes) + depths
+    # Mask: node t of row r sees the row's prefix and its own ancestors (itself included);
+    # a padded query sees one key (the row's first node): its output is never read.
+    t = np.arange(w)
+    real = t[None, :, None] < sizes[:, None, None]  # (R, w, 1)
+    rel = (np.arange(width)[None, :] - lengths[:, None])[:, None, :]  # (R, 1, width): key - length
+    if seg.parents is None:  # node t sees keys up to its own; a padded one up to node 0
+        mask = rel <= np.where(real, t[None, :, None], 0)
+    else:  # ancestors depth by depth (a node sees what its parent sees), then placed per node
+        anc = np.zeros((R, w, w), dtype=bool)
+        anc[:, t, t] = real[:, :, 0]
+        anc[:, :, 0] |= ~real[:, :, 0]
+        par = np.full((R, w), -1)
+        dep = np.full((R, w), -1)
+        rr = np.repeat(np.arange(R), sizes)
+        par[rr, within] = np.concatenate(
+            [np.asarray(p[:n]) for p, n in zip(seg.parents, sizes, strict=True)]
+        )
+        dep[rr, within] = depths
+        for d in range(1, int(depths.max(initial=0)) + 1):
+            i, j = np.nonzero((dep == d) & (par >= 0))
+            anc[i, j] |= anc[i, par[i, j]]
+        mask = np.broadcast_to(rel < 0, (R, w, width)).copy()
+        for u in range(w):  # key column lengths[i] + u holds row i's node u
+            i = np.nonzero(lengths + u < width)[0]
+            mask[i, :, lengths[i] + u] = anc[i, :, u]
     ragged = any(s != w for s in seg.sizes)  # (padded queries read a copy of the last token)
     at = np.arange(R)  # each row's query row
     q_rows = R
@@ -167,12 +176,10 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
         full[at] = mask
         mask = full
     if ragged:
-        starts = np.concatenate([[0], np.cumsum(seg.sizes)[:-1]])
         unpack = np.zeros((q_rows, w), dtype=np.int64)  # dummy queries: the first token
-        for i, s in enumerate(seg.sizes):
-            unpack[at[i]] = starts[i] + np.minimum(np.arange(w), s - 1)
+        unpack[at] = starts[:, None] + np.minimum(t[None, :], sizes[:, None] - 1)
         unpack = unpack.reshape(-1)
-        pack = np.concatenate([at[i] * w + np.arange(s) for i, s in enumerate(seg.sizes)])
+        pack = np.repeat(at * w, sizes) + within
     return _Plan(
         seg=seg,
         offset=offset,
