@@ -13,7 +13,9 @@ time, so rows speculate only where the gain beats the cost at this batch size an
 others verify one token. A position is only measured when drafted; beyond the measured ones
 the prior's last rate stands in (optimistic enough to try one deeper). When nothing pays, a
 row re-probes with one token every `PROBE_EVERY` steps so a drafter can earn its way back;
-fresh statistics get `WARMUP` proposals at `K_INIT` before the cost model decides.
+fresh statistics get `WARMUP` proposals at `K_INIT` before the cost model decides, unless
+the drafter's rates were measured offline (`Drafter.prior`: a calibrated self-drafter's
+held-out agreement), which then stand in for the guessed prior.
 
 An engine keeps one `AcceptanceStats` per drafter across requests; each request starts from
 its rates as a light prior (`CARRY_WEIGHT` observations per position), so a job's later

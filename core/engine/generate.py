@@ -39,6 +39,7 @@ from .draft_length import (
     K_INIT,
     K_MAX,
     PRIORS,
+    WARMUP,
     AcceptanceStats,
     Offer,
     RowPolicy,
@@ -243,9 +244,11 @@ class Engine:
 
     def carried(self, drafter: Drafter) -> AcceptanceStats:
         if drafter.name not in self.acceptance:
-            self.acceptance[drafter.name] = AcceptanceStats(
-                PRIORS.get(drafter.kind, PRIORS["ngram"])
-            )
+            measured = drafter.prior
+            stats = AcceptanceStats(measured or PRIORS.get(drafter.kind, PRIORS["ngram"]))
+            if measured:  # measured offline, not guessed: rows start from it, no warm-up
+                stats.updates = WARMUP
+            self.acceptance[drafter.name] = stats
         return self.acceptance[drafter.name]
 
     def new_batch(self, capacity: int | None = None) -> Batch:

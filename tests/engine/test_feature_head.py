@@ -243,3 +243,31 @@ def test_a_head_for_another_model_is_refused_and_none_stored_names_calibrate(
     # `auto` goes on without it.
     eng = Engine(a, draft="auto", surface=CostSurface.flat(), batch_size=1)
     assert eng.adapter is None
+
+
+def test_a_stored_heads_measured_agreement_is_the_engines_prior(make_tiny, tmp_path, monkeypatch):
+    """A calibrated head's held-out agreement (first and second draft token) is where the
+    engine's acceptance statistics for it start, and rows start from it without a warm-up
+    at K_INIT; an untrained head (online learning's first version) has no measurement and
+    keeps the guessed prior and the warm-up."""
+    from core.engine import CostSurface, Engine
+    from core.engine.adapters import save
+    from core.engine.adapters.head import new_head_adapter
+    from core.engine.draft_length import PRIORS, RowPolicy
+    from core.engine.drafters.feature_head import FeatureHeadDrafter
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    target = make_tiny(0)
+    save(target, new_head_adapter(target.model), {"agreement": 0.55, "second": 0.3})
+    eng = Engine(target, draft="head", surface=CostSurface.flat(), batch_size=2)
+    (drafter,) = eng.new_batch(2).drafters
+    assert drafter.prior == (0.55, 0.3)
+    stats = eng.carried(drafter)
+    assert [stats.rate(j) for j in range(4)] == pytest.approx([0.55, 0.3, 0.3, 0.3])
+    assert not RowPolicy(stats).warming()
+    untrained = FeatureHeadDrafter(target, 2, new_head_adapter(target.model))
+    assert untrained.prior is None
+    untrained.name = "head-untrained"
+    fresh = eng.carried(untrained)
+    assert fresh.rate(0) == pytest.approx(PRIORS["early-exit"][0])
+    assert RowPolicy(fresh).warming()

@@ -29,6 +29,7 @@ class AdapterDrafter(EarlyExitDrafter):
         self.name = f"adapter:{adapter.layer}"
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, adapter.layer, vocab)
+        self.prior = (adapter.agreement,) if adapter.agreement > 0 else None  # held-out, measured
 
     def _logits(self, h: mx.array, slots: list[int]) -> mx.array:
         L, model, adapter = self.exit_layer, self.target.model, self.adapter

@@ -24,6 +24,7 @@ class DraftModelDrafter:
     kind = "model"
     lookup = False
     calibrated = False
+    prior = None  # its kind's guessed prior
 
     def __init__(self, draft, capacity: int, step_cost):
         check_supported(draft.model)

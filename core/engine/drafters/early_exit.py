@@ -19,6 +19,7 @@ class EarlyExitDrafter:
     kind = "early-exit"
     lookup = False
     calibrated = False
+    prior = None  # its kind's guessed prior
 
     def __init__(self, target, cache, exit_layer: int):
         n = target.num_layers

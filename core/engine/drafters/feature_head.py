@@ -63,6 +63,10 @@ class FeatureHeadDrafter:
         self.keep = False  # keep the states read on the row (`read_states`): it learns online
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, vocab)
+        # The first and second draft tokens' held-out agreement (the second read from the
+        # head's own predicted state after the target's token: a chain past an accepted one).
+        first, second = adapter.agreement, adapter.meta.get("second")
+        self.prior = (first, float(second)) if first > 0 and second is not None else None
 
     def admit(self, seq) -> None:
         self.cache.lengths[seq.slot] = 0

@@ -126,6 +126,7 @@ class NgramDrafter:
     name = kind = "ngram"
     lookup = True
     calibrated = False
+    prior = None  # its kind's guessed prior
 
     def __init__(self, target=None):
         # With the target's tokenizer, copies are matched on characters too.

@@ -471,6 +471,7 @@ class SuffixDrafter:
     name = kind = "suffix"
     lookup = True
     calibrated = True
+    prior = None  # its kind's guessed prior
 
     def __init__(self, batch):
         self.target = batch.target

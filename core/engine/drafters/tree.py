@@ -114,6 +114,7 @@ class TreeDrafter:
     name = kind = "tree"
     lookup = True
     calibrated = False
+    prior = None  # its kind's guessed prior
 
     def __init__(self, batch):
         self.batch = batch
