@@ -54,6 +54,7 @@ from .model import LoadedModel
 from .sampling import GenerationParams, adjust, choose, row_seed, token_logprobs
 from .scorer import Segment, check_supported, forward
 from .sequence import Sequence
+from .states import Span, gather
 
 GREEDY = GenerationParams()
 DEFAULT_BATCH_LIMIT = 256  # rows at most when the batch size is chosen from the surface
@@ -737,14 +738,14 @@ class Batch:
     def _keep_states(self, rows: list[Sequence], h: mx.array | None) -> None:
         """Row j of `rows` committed one position whose last-layer state is h[j]."""
         for j, s in enumerate(rows):
-            s.states.append(h[j : j + 1])
+            s.states.append(Span(h, j, 1))
 
     def _keep_prefill_states(self, prefill, h: mx.array | None) -> None:
         """The rows whose prompt this prefill step completes keep its last position's state
         (h: one per chunk); call before the step's `prefilled` counts move on."""
         for j, (s, chunk) in enumerate(prefill):
             if s.prefilled + len(chunk) == len(s.prompt):
-                s.states.append(h[j : j + 1])
+                s.states.append(Span(h, j, 1))
 
     def _commit_prefill(self, prefill, first: list[int] | None, lp=None, states=None) -> None:
         if states is not None:
@@ -980,7 +981,7 @@ class Batch:
         mx.async_eval([t for t in taken if t is not None])
         for i, s in enumerate(decode):
             v, a, n = spans[i]
-            s.states.append(taken[v][a : a + n])
+            s.states.append(Span(taken[v], a, n))
 
     def _emit(self, s: Sequence, tokens: list[int], lps: list | None) -> str | None:
         """Append a row's new tokens in order; the finish reason at the first that ends it
@@ -1029,11 +1030,12 @@ class Batch:
     def _finish(self, s: Sequence, reason: str) -> None:
         s.finish_reason = reason
         s.metrics.t_end = time.perf_counter()
-        states = s.read_states + s.states  # a learning feature head's pairs (before retire)
+        spans = s.read_states + s.states  # a learning feature head's pairs (before retire)
         for d in self.drafters:
             d.retire(s)
         if self.engine.learner is not None:
-            self.engine.learner.observe(s.prompt, s.output, states or None)
+            states = [gather(spans)] if spans else None
+            self.engine.learner.observe(s.prompt, s.output, states)
         self.rows[s.slot] = None
         self.cache.lengths[s.slot] = 0
         self._done.append(s)

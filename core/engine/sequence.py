@@ -58,10 +58,11 @@ class Sequence:
     t_submit: float = field(default_factory=time.perf_counter)
     t_admit: float | None = None
     batch_rows: int = 0  # sum over its decode steps of the rows in the step (for the mean)
-    # The target's last-layer states (n, D) at the positions it committed since a drafter
-    # that reads them (`reads_states`: the feature head) last did; kept only for such a one.
+    # The target's last-layer states at the positions it committed since a drafter that
+    # reads them (`reads_states`: the feature head) last did, as spans of the steps' outputs
+    # (states.Span); kept only for such a one.
     states: list = field(default_factory=list)
-    # Those states once read (n, D each), kept for a learning feature head: with `states`
+    # Those states once read (spans too), kept for a learning feature head: with `states`
     # they are the row's pairs, which its online learner then needs no forward for.
     read_states: list = field(default_factory=list)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .. import states
 from ..adapters.block import Adapter, draft_logits, reduced_logits
 from ..adapters.head import weight_share
 from ..cache import BatchKVCache
@@ -45,7 +46,7 @@ from .base import Draft
 # 4-wide trees accepted 1.77 tokens a step against the chain's 1.70 and ran 0.88x of it
 # (bench/results/cpu-head-tree-s8-open-held-out-b1.txt).
 WIDTH = 1
-KEEP_COMPACT = 16  # read states kept as slices of the verify steps' outputs, at most
+KEEP_COMPACT = 16  # read spans kept per row (of the steps' outputs) before one buffer, at most
 
 
 class FeatureHeadDrafter:
@@ -79,23 +80,23 @@ class FeatureHeadDrafter:
         if not live:
             return Draft(sizes=list(ks), tokens=tokens, source=self.name)
         # Depth 0: the rows' unread pairs (h_p, x_{p+1}); the last one's prediction drafts.
-        hs, ids, sizes = [], [], []
+        spans, ids, sizes = [], [], []
         for i in live:
             s = seqs[i]
             read = int(cache.lengths[s.slot])
-            h = s.states[0] if len(s.states) == 1 else mx.concatenate(s.states)  # (n, D)
-            n = len(s.output) - read
-            if h.shape[0] != n:
-                raise RuntimeError(f"row {s.slot}: {h.shape[0]} unread states for {n} tokens")
-            hs.append(h)
+            n, have = len(s.output) - read, states.count(s.states)
+            if have != n:
+                raise RuntimeError(f"row {s.slot}: {have} unread states for {n} tokens")
+            spans += s.states
             if self.keep:
-                s.read_states.append(h)
+                s.read_states += s.states
                 if len(s.read_states) >= KEEP_COMPACT:  # one buffer: the steps' outputs go
-                    s.read_states = [mx.concatenate(s.read_states)]
-                    mx.async_eval(s.read_states[0])
+                    h = states.gather(s.read_states)
+                    mx.async_eval(h)
+                    s.read_states = [states.Span(h, 0, h.shape[0])]
             ids += s.output[read : read + n]
             sizes.append(n)
-        x = fh.fuse(model, mx.concatenate(hs) if len(hs) > 1 else hs[0], mx.array(ids, mx.int32))
+        x = fh.fuse(model, states.gather(spans), mx.array(ids, mx.int32))
         slots = [seqs[i].slot for i in live]
         seg = Segment(slots, [[0] * n for n in sizes], hidden=x)
         pred = forward(model, cache, [seg], stop=1, blocks={0: fh.block})[0]  # (N, D)
