@@ -246,8 +246,9 @@ def test_a_head_for_another_model_is_refused_and_none_stored_names_calibrate(
 
 
 def test_a_stored_heads_measured_agreement_is_the_engines_prior(make_tiny, tmp_path, monkeypatch):
-    """A calibrated head's held-out agreement (first and second draft token) is where the
-    engine's acceptance statistics for it start, and rows start from it without a warm-up
+    """A calibrated head's held-out agreement is where the engine's acceptance statistics
+    for its first draft token start (deeper ones: the kind's prior), and rows start from it
+    without a warm-up
     at K_INIT; an untrained head (online learning's first version) has no measurement and
     keeps the guessed prior and the warm-up."""
     from core.engine import CostSurface, Engine
@@ -261,9 +262,10 @@ def test_a_stored_heads_measured_agreement_is_the_engines_prior(make_tiny, tmp_p
     save(target, new_head_adapter(target.model), {"agreement": 0.55, "second": 0.3})
     eng = Engine(target, draft="head", surface=CostSurface.flat(), batch_size=2)
     (drafter,) = eng.new_batch(2).drafters
-    assert drafter.prior == (0.55, 0.3)
+    _, h2, h3 = PRIORS["early-exit"]
+    assert drafter.prior == (0.55, h2, h3)
     stats = eng.carried(drafter)
-    assert [stats.rate(j) for j in range(4)] == pytest.approx([0.55, 0.3, 0.3, 0.3])
+    assert [stats.rate(j) for j in range(4)] == pytest.approx([0.55, h2, h3, h3])
     assert not RowPolicy(stats).warming()
     untrained = FeatureHeadDrafter(target, 2, new_head_adapter(target.model))
     assert untrained.prior is None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..adapters.block import Adapter, draft_logits, weight_share
+from ..draft_length import PRIORS
 from ..scorer import Segment, forward
 from .early_exit import EarlyExitDrafter
 
@@ -29,7 +30,8 @@ class AdapterDrafter(EarlyExitDrafter):
         self.name = f"adapter:{adapter.layer}"
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, adapter.layer, vocab)
-        self.prior = (adapter.agreement,) if adapter.agreement > 0 else None  # held-out, measured
+        # The first draft token's held-out agreement; deeper ones keep the kind's guess.
+        self.prior = (adapter.agreement, *PRIORS[self.kind][1:]) if adapter.agreement > 0 else None
 
     def _logits(self, h: mx.array, slots: list[int]) -> mx.array:
         L, model, adapter = self.exit_layer, self.target.model, self.adapter

@@ -84,8 +84,9 @@ class Drafter(Protocol):
     kind: str  # acceptance-statistics key and prior (draft_length.PRIORS)
     lookup: bool  # True: cheap host proposals truncated by the policy
     calibrated: bool  # True: its `chances` are learned across rows (no per-row warm-up/probes)
-    # Its acceptance per draft position as measured offline (a calibrated self-drafter's
-    # held-out agreement), or None: its kind's guessed prior and a per-row warm-up.
+    # Its acceptance per draft position where measured offline (a calibrated self-drafter's
+    # held-out agreement of its first token), or None: its kind's guessed prior and a
+    # per-row warm-up.
     prior: tuple[float, ...] | None
 
     def admit(self, seq: Sequence) -> None:
