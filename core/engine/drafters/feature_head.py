@@ -65,9 +65,10 @@ class FeatureHeadDrafter:
         self.keep = False  # keep the states read on the row (`read_states`): it learns online
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, vocab)
-        # The first draft token's held-out agreement; deeper ones keep the kind's guess: the
-        # calibrated second-token agreement (0.34 for a 0.63 head) held chains at one or two
-        # tokens where the engine then measured more (batch 1 accepted 1.53 tokens, not 1.70).
+        # The first draft token's held-out agreement; deeper ones keep the kind's guess (which
+        # lets the engine try one deeper and measure them): the calibrated second-token
+        # agreement reads the head's state after every target token, not only after accepted
+        # drafts, so it is not the chance the engine tracks for a chain's second token.
         first = adapter.agreement
         self.prior = (first, *PRIORS[self.kind][1:]) if first > 0 else None
 
