@@ -231,6 +231,39 @@ def allocate(
     return ks
 
 
+# A verified draft token costing at least this share of a plain token (a compute-bound step at
+# a large batch): the engine asks the drafters that can say how sure they are, and keeps only
+# the nodes that pay. Below it, a token is nearly free and the host sync is not worth it.
+GATE_COST = 0.15
+
+
+def token_cost(surface: CostSurface, B: int, T: int) -> float:
+    """What each of T - B draft tokens costs to verify beside the B rows' own, in units of one
+    row's share of a plain step (0: free, 1: as dear as a plain token)."""
+    if T <= B:
+        return 0.0
+    c = surface.at(B)(np.array([B, T], float))
+    return float((c[1] - c[0]) / (T - B) / (c[0] / B))
+
+
+def gate(
+    offers: list[Offer], ks: list[int], chances: dict[int, list[float]], surface: CostSurface
+) -> list[int]:
+    """The nodes each row verifies once its drafts are made: a row in `chances` (a model
+    drafter's calibrated chance of each node being accepted with all before it; drafting it
+    is paid for) keeps its forced nodes (a probe: how else would a chance the drafter
+    underrates be learned) and the prefix that pays at this batch's cost, the others their
+    ks[r]."""
+    again = []
+    for o, k, ch in zip(offers, ks, (chances.get(r) for r in range(len(ks))), strict=True):
+        if ch is None:
+            again.append(Offer(np.asarray(o.gains[:k], float), None, forced=k))
+        else:
+            gains = np.minimum.accumulate(np.asarray(ch[:k], float))
+            again.append(Offer(gains, None, forced=min(o.forced, k)))
+    return allocate(again, surface)
+
+
 class StepModes:
     """Whether a batch's steps draft at all, from the measured tokens per second of drafting
     steps and of plain (double-buffered) steps, wall time included.

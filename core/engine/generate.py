@@ -36,6 +36,7 @@ from .acceptance import walk
 from .cache import BatchKVCache
 from .costs import CostSurface, load_kept, load_or_measure
 from .draft_length import (
+    GATE_COST,
     K_INIT,
     K_MAX,
     PRIORS,
@@ -45,6 +46,8 @@ from .draft_length import (
     RowPolicy,
     StepModes,
     allocate,
+    gate,
+    token_cost,
 )
 from .drafters.base import Draft, Drafter
 from .drafters.suffix import Corpora
@@ -785,6 +788,7 @@ class Batch:
                 lookups[d.name] = d.propose(decode, caps)
         choice: list[Drafter | None] = [None] * B
         ks = [0] * B
+        offers: list[Offer] | None = None
         if self.drafters and eng.k is not None:  # fixed k: the first drafter with something
             for i in range(B):
                 for d in self.drafters:
@@ -840,8 +844,27 @@ class Batch:
                 drafts[d.name] = sub.truncate([ks[i] for i in idx])
             else:
                 drafts[d.name] = d.propose([decode[i] for i in idx], [ks[i] for i in idx])
+        if offers is not None:
+            self._gate(decode, ks, offers, drafts, members)
         static = self.capacity if self.cache.pad > 1 else None
         return StepPlan(decode, choice, drafts, members, self.drafters, static)
+
+    def _gate(self, decode, ks, offers, drafts: dict[str, Draft], members) -> None:
+        """Where verifying a token costs real time at this batch, rows drafted by a drafter
+        that can say how sure it is keep only the nodes that pay (draft_length.gate)."""
+        sure = [n for n, dr in drafts.items() if dr.confidence is not None]
+        B = len(decode)
+        if not sure or token_cost(self.engine.surface, B, B + sum(ks)) < GATE_COST:
+            return
+        chances: dict[int, list[float]] = {}
+        for name in sure:
+            d = next(x for x in self.drafters if x.name == name)
+            rows = members[name]
+            rows_chances = d.chances([decode[i] for i in rows], drafts[name])
+            chances.update(zip(rows, rows_chances, strict=True))
+        kept = gate(offers, ks, chances, self.engine.surface)
+        for name in sure:
+            drafts[name] = drafts[name].truncate([kept[i] for i in members[name]])
 
     def _offer(self, d: Drafter, s: Sequence, i: int, lookups, cap: int) -> Offer | None:
         pol: RowPolicy = s.stats[d.name]
@@ -862,6 +885,8 @@ class Batch:
             gains = pol.stats.gains(cap)
         # A calibrated drafter's chances are learned across rows: no per-row warm-up.
         forced = min(K_INIT, len(gains)) if pol.warming() and not d.calibrated else 0
+        if not forced and hasattr(d, "chances") and pol.probe_due():
+            forced = 1  # the gate dropped its nodes a while: a probe teaches the drafter's chances
         return Offer(gains, _group(d), forced)
 
     # -- verification -----------------------------------------------------------------
@@ -938,8 +963,8 @@ class Batch:
             for other in self.drafters:
                 s.stats[other.name].observe(proposed if other is d else 0, len(path))
             emitted = [toks[p] for p in path] + [nxt]
-            s.metrics.record_step(
-                draft.source if draft is not None else "none", k, len(path), len(emitted)
+            s.metrics.record_step(  # a row whose nodes the gate dropped verified alone
+                draft.source if draft is not None and k else "none", k, len(path), len(emitted)
             )
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + len(path)
@@ -1176,7 +1201,8 @@ class StepPlan:
                 k = draft.sizes[j]
                 if isinstance(draft.tokens, mx.array):
                     node_tokens += [0] * k  # filled on the device below
-                    dev_src.append((d.name, r, j, k))
+                    if k:
+                        dev_src.append((d.name, r, j, k))
                 else:
                     node_tokens += draft.host_tokens(j)
                 if draft.parents is not None:

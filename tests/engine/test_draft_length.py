@@ -14,6 +14,8 @@ from core.engine.draft_length import (
     RowPolicy,
     allocate,
     expected_tokens,
+    gate,
+    token_cost,
 )
 
 BATCHES, WIDTHS = (1, 8, 64), (1, 2, 4, 8)
@@ -252,3 +254,26 @@ def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing
     assert batch.modes.rate["plain"] > batch.modes.rate["draft"]
     # past the trials (both kinds alike), the batch ran plain steps
     assert batch.modes.steps["plain"] > 2 * batch.modes.steps["draft"]
+
+
+def test_a_draft_token_costs_nothing_on_a_flat_surface_and_most_of_a_plain_one_at_64_rows():
+    assert token_cost(FLAT, 64, 128) == pytest.approx(0.0, abs=1e-9)
+    assert token_cost(CPU, 1, 2) == pytest.approx((100 - 90) / 90)
+    assert token_cost(CPU, 64, 128) == pytest.approx((1200 - 600) / 64 / (600 / 64))
+    assert token_cost(CPU, 64, 64) == 0.0
+
+
+def test_the_gate_keeps_the_nodes_whose_chances_pay_and_the_other_rows_drafts():
+    """64 rows on the compute-bound surface: a verified token costs as much as a plain one,
+    so a model drafter's row keeps only nodes almost sure to be accepted; a lookup row's
+    nodes (not in `chances`) stay as allocated."""
+    offers = [chain(0.5) for _ in range(64)]
+    ks = [4] * 64
+    chances = {r: [0.99, 0.98, 0.5, 0.3] for r in range(32)}  # sure of two, unsure after
+    chances.update({r: [0.4, 0.2, 0.1, 0.05] for r in range(32, 48)})  # unsure from the first
+    kept = gate(offers, ks, chances, CPU)
+    assert kept[:32] == [2] * 32
+    assert kept[32:48] == [0] * 16
+    assert kept[48:] == [4] * 16
+    # On a flat surface every drafted node is worth verifying.
+    assert gate(offers, ks, chances, FLAT)[:48] == [4] * 48

@@ -3,6 +3,7 @@ hidden states and its own block, training lowers its KL and raises its held-out 
 (first and second draft token), seeded, within 5% of the target's parameters."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from core.engine.adapters import answer, features, split
@@ -273,3 +274,67 @@ def test_a_stored_heads_measured_agreement_is_the_engines_prior(make_tiny, tmp_p
     fresh = eng.carried(untrained)
     assert fresh.rate(0) == pytest.approx(PRIORS["early-exit"][0])
     assert RowPolicy(fresh).warming()
+
+
+def test_where_a_token_costs_time_rows_verify_only_the_heads_likely_nodes(
+    make_tiny, tmp_path, monkeypatch
+):
+    """On a compute-bound surface (a verified token costs most of a plain one) the engine
+    asks the head how sure it is: each chain token carries the head's probability of it,
+    calibrated into a chance per node, and each gate keeps the nodes of highest chance
+    (a kept node's chance is never below a dropped one's). Some nodes are dropped, some
+    kept; output is plain greedy's."""
+    from core.engine import Engine, GenerationParams
+    from core.engine import generate as gen
+    from core.engine.adapters import load, save
+    from core.engine.drafters.feature_head import FeatureHeadDrafter
+    from tests.engine.conftest import store_head
+    from tests.engine.test_draft_length import CPU
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    target = make_tiny(0)
+    # A head the engine trusts (a high stored agreement): rows draft deep, the gate decides.
+    save(target, load(store_head(target, tokens=6000, vocab=40), target), {"agreement": 0.95})
+    asked, gated = [], []
+    chances = FeatureHeadDrafter.chances
+
+    def spy_chances(self, seqs, draft):
+        probs, toks = np.array(draft.confidence), np.array(draft.tokens)
+        for r, s in enumerate(seqs):
+            n = draft.sizes[r]
+            row = (list(s.prompt), list(s.output), toks[r, :n].tolist(), probs[r, :n].tolist())
+            asked.append((*row, self.adapter))
+        return chances(self, seqs, draft)
+
+    real_gate = gen.gate
+
+    def spy_gate(offers, ks, ch, surface):
+        kept = real_gate(offers, ks, ch, surface)
+        gated.append((ch, kept, [o.forced for o in offers]))
+        return kept
+
+    monkeypatch.setattr(FeatureHeadDrafter, "chances", spy_chances)
+    monkeypatch.setattr(gen, "gate", spy_gate)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=30 + 4 * i))
+        for i, p in enumerate(WORKLOAD[:6])
+    ]
+    eng = Engine(target, draft="head", surface=CPU, batch_size=3, step_modes=False)
+    got = [r.tokens for r in eng.generate_many(reqs)]
+    plain = Engine(target, draft="none", surface=CPU, batch_size=1)
+    assert got == [plain.generate(p, q).tokens for p, q in reqs]
+    assert asked and gated
+    for prompt, output, toks, probs, adapter in asked[:10]:
+        for j, t in enumerate(toks):
+            logits = _offline_logits(target, adapter, prompt, output, toks[:j])
+            assert probs[j] == pytest.approx(mx.softmax(logits)[t].item(), abs=1e-4)
+    kept_n = dropped_n = probes = 0
+    for ch, kept, forced in gated:  # forced nodes (a row's probe) are kept whatever they say
+        assert all(kept[r] >= min(forced[r], len(cs)) for r, cs in ch.items())
+        keep = [c for r, cs in ch.items() for c in cs[forced[r] : kept[r]]]
+        drop = [c for r, cs in ch.items() for c in cs[kept[r] :]]
+        if keep and drop:
+            assert min(keep) >= max(drop)
+        kept_n, dropped_n = kept_n + len(keep), dropped_n + len(drop)
+        probes += sum(min(forced[r], kept[r]) for r in ch)
+    assert kept_n and dropped_n and probes, (kept_n, dropped_n, probes)

@@ -9,6 +9,11 @@ Two kinds of drafter, one protocol:
 - model drafters (`lookup = False`: early exit, a draft model) cost device time per token:
   the engine picks each row's k first and asks for exactly that many.
 
+A model drafter may also say how sure it is: its draft's `confidence` (on the device) and a
+`chances(seqs, draft)` method that reads it back and calibrates it per node. Where verifying a
+token costs real time, the engine asks for them and verifies only the nodes that pay
+(`draft_length.gate`).
+
 A row's life: `admit(seq)` once its prompt is in the target cache, then per verify step
 `propose(seqs, ks)` and `commit(seqs, draft, paths)`, and `retire(seq)` when it finishes.
 Per-row state lives in `seq.state[drafter.name]`.
@@ -43,6 +48,9 @@ class Draft:
         start_layer: where verification resumes when `hidden` is given.
         chances: per row, each node's estimated chance of being accepted (lookup trees),
             else None (the engine uses the row's per-position statistics).
+        confidence: (R, K) on the device: a model drafter's probability of each chain node
+            under its own distribution, which the drafter's `chances` calibrates where the
+            engine asks (a host sync), else None.
         source: the drafter's name (metrics attribute acceptance to it).
     """
 
@@ -53,15 +61,22 @@ class Draft:
     hidden: mx.array | None = None  # (sum(sizes + 1), D)
     start_layer: int = 0
     chances: list[list[float]] | None = None
+    confidence: mx.array | None = None  # (R, K)
     source: str = ""
 
     def truncate(self, ks: list[int]) -> Draft:
-        """The first ks[r] nodes of each row (host-side drafts; a tree's nodes are in
-        best-first order, so a prefix is still a tree)."""
+        """The first ks[r] nodes of each row (a tree's nodes are in best-first order, so a
+        prefix is still a tree). A device chain keeps its arrays: its sizes say how much of
+        each row is verified."""
+        sizes = [min(k, s) for k, s in zip(ks, self.sizes, strict=True)]
         if isinstance(self.tokens, mx.array):
-            raise ValueError("device drafts are drafted at their final length")
+            if self.hidden is not None or self.probs is not None:
+                raise ValueError("a draft with states or distributions keeps its length")
+            return Draft(
+                sizes=sizes, tokens=self.tokens, confidence=self.confidence, source=self.source
+            )
         return Draft(
-            sizes=[min(k, s) for k, s in zip(ks, self.sizes, strict=True)],
+            sizes=sizes,
             tokens=[t[:k] for t, k in zip(self.tokens, ks, strict=True)],
             parents=None
             if self.parents is None

@@ -17,6 +17,12 @@ pairs built from the target's true states. Sampled rows draw with `sampling.choo
 target's per-position uniforms, like every model drafter, so a node is accepted exactly
 when it equals the target's own token: lossless whatever the head learned.
 
+A chain comes with the head's probability of each of its tokens (`Draft.confidence`, on the
+device). Where verifying a token costs real time (a compute-bound step at a large batch) the
+engine asks for `chances`: those probabilities, calibrated by how often this head's tokens of
+like probability were accepted, decide which rows' nodes are verified (`draft_length.gate`),
+so a confident row drafts and an unsure one does not.
+
 With a width W > 1 (`--draft head:W`; `head` alone drafts a chain) a greedy row drafts a
 token tree instead of a chain (EAGLE-2): each expanded node proposes its W likeliest tokens under the head, the W new
 nodes of highest path probability (the product of the head's probabilities from the root)
@@ -37,6 +43,7 @@ from .. import states
 from ..adapters.block import Adapter, draft_logits, reduced_logits
 from ..adapters.head import weight_share
 from ..cache import BatchKVCache
+from ..confidence import ProbabilityBins
 from ..draft_length import PRIORS
 from ..sampling import choose
 from ..scorer import Segment, forward
@@ -63,6 +70,8 @@ class FeatureHeadDrafter:
         self.name = "head"
         self.cache = BatchKVCache(1, capacity)  # the head block's keys and values
         self.keep = False  # keep the states read on the row (`read_states`): it learns online
+        self.calibration = ProbabilityBins(weight=2.0)
+        self._bins: dict[int, list[int]] = {}  # row uid -> its last chances' bins
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, vocab)
         # The first draft token's held-out agreement; deeper ones keep the kind's guess (which
@@ -113,16 +122,22 @@ class FeatureHeadDrafter:
             return draft
         # Greedy rows over a reduced vocabulary: the argmax of its logits, no (R', V) array.
         small = self.adapter.vocab is not None and all(seqs[i].params.greedy for i in live)
+        sure = mx.zeros(tokens.shape, mx.float32)  # the head's probability of each token
         for depth in range(k_max):
             if small:
-                best = mx.argmax(reduced_logits(model, self.adapter, pred), axis=-1)
+                logits = reduced_logits(model, self.adapter, pred).astype(mx.float32)
+                best = mx.argmax(logits, axis=-1)
                 drafted = self.adapter.vocab[best].astype(mx.int32)
+                top = mx.max(logits, axis=-1)
             else:
                 pos = np.array([len(seqs[i].history) + depth for i in live])
                 seeds = np.array([seqs[i].seed for i in live], dtype=np.uint32)
                 logits = draft_logits(model, self.adapter, pred)  # (R', V): -inf off its vocabulary
                 drafted = choose(logits, [seqs[i].params for i in live], seeds, pos)
+                logits = logits.astype(mx.float32)
+                top = mx.take_along_axis(logits, drafted[:, None], axis=-1)[:, 0]
             tokens[mx.array(live), depth] = drafted
+            sure[mx.array(live), depth] = mx.exp(top - mx.logsumexp(logits, axis=-1))
             nxt = [j for j, i in enumerate(live) if ks[i] > depth + 1]
             if not nxt:
                 break
@@ -134,7 +149,20 @@ class FeatureHeadDrafter:
             seg = Segment(slots, [[0]] * len(live), hidden=fh.fuse(model, pred, drafted))
             pred = forward(model, cache, [seg], stop=1, blocks={0: fh.block})[0]
         self._read_all(seqs, ks)
-        return Draft(sizes=list(ks), tokens=tokens, source=self.name)
+        return Draft(sizes=list(ks), tokens=tokens, confidence=sure, source=self.name)
+
+    def chances(self, seqs, draft: Draft) -> list[list[float]]:
+        """Each chain node's chance of being accepted with all before it, from the head's
+        probability of its token calibrated by what this head's tokens of that probability
+        were accepted (`confidence.ProbabilityBins`). Reads the draft back (a sync)."""
+        probs = np.array(draft.confidence)
+        bins = self.calibration.buckets(probs)
+        chances = self.calibration.chances(probs)
+        out = []
+        for r, (s, n) in enumerate(zip(seqs, draft.sizes, strict=True)):
+            self._bins[s.uid] = bins[r, :n].tolist()
+            out.append(chances[r, :n].tolist())
+        return out
 
     def _read_all(self, seqs, ks: list[int]) -> None:
         for i in [i for i, k in enumerate(ks) if k > 0]:
@@ -226,9 +254,15 @@ class FeatureHeadDrafter:
         return Draft(sizes, tokens, parents=parents, chances=chances, source=self.name)
 
     def commit(self, seqs, draft: Draft, paths) -> None:
-        pass  # the pairs the verify step committed arrive through `Sequence.states`
+        # The pairs the verify step committed arrive through `Sequence.states`; the nodes
+        # whose chances were asked for teach the calibration.
+        for s, size, path in zip(seqs, draft.sizes, paths, strict=True):
+            bins = self._bins.pop(s.uid, None)
+            if bins and size:
+                self.calibration.observe(bins[:size], len(path))
 
     def retire(self, seq) -> None:
+        self._bins.pop(seq.uid, None)
         self.cache.lengths[seq.slot] = 0
         seq.states = []
         seq.read_states = []

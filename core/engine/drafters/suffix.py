@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..confidence import Confidence
 from .base import Draft
 from .ngram import TAIL, DecodedText
 
@@ -392,19 +393,16 @@ class Corpora:
         return list(self._indexes)
 
 
-class Calibration:
+class Calibration(Confidence):
     """How often a suffix node is accepted once its parent was, per bucket of its count
-    share (10 bins) and support (answers behind it: none (prompts only), 1-3, 4-15, 16+):
-    counts with a prior."""
+    share (10 bins) and support (answers behind it: none (prompts only), 1-3, 4-15, 16+)."""
 
     SUPPORT = (1, 4, 16)
 
     def __init__(self, weight: float = 4.0):
-        self.hits = np.zeros((10, len(self.SUPPORT) + 1))
-        self.tries = np.full_like(self.hits, weight)
         centers = (np.arange(10) + 0.5) / 10
         trust = np.array([0.4, 0.6, 0.75, 0.85])  # prior: under the share, more so when rare
-        self.hits += weight * centers[:, None] * trust[None, :]
+        super().__init__(centers[:, None] * trust[None, :], weight)
 
     def bucket(self, share: float, support: int) -> tuple[int, int]:
         return self.buckets([share], [support])[0]
@@ -417,17 +415,7 @@ class Calibration:
 
     def rate(self, share: float, support: int) -> float:
         b0, b1 = self.bucket(share, support)
-        return self.rates()[b0][b1]
-
-    def rates(self) -> list[list[float]]:
-        """Every bucket's rate, [share bin][support bin]."""
-        return (self.hits / self.tries).tolist()
-
-    def observe(self, buckets: list[tuple[int, int]], accepted: int) -> None:
-        """`buckets` of the nodes verified, in order; the first `accepted` were kept."""
-        for i, b in enumerate(buckets[: accepted + 1]):
-            self.tries[b] += 1
-            self.hits[b] += i < accepted
+        return float(self.rates()[b0, b1])
 
 
 class _Row:
@@ -525,7 +513,7 @@ class SuffixDrafter:
         for row, n, key in walked:
             ids, buckets, whole = walks[key]
             row.ahead, row.buckets, row.at, row.whole = list(ids), list(buckets), n, whole
-        rates = self.calibration.rates()
+        rates = self.calibration.rates().tolist()
         for s, k in zip(seqs, ks, strict=True):
             ids, ch = self._proposal(s, k, rates) if k > 0 else ([], [])
             sizes.append(len(ids))

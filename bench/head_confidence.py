@@ -1,0 +1,89 @@
+"""What the stored feature head's probability of its own token is worth: every chain node it
+drafts on a job is verified (a flat cost surface, the gate asked on every step), and each
+node's outcome is counted in the bin of the head's probability (`confidence.ProbabilityBins`,
+the calibration the gate uses). Prints, per bin, the nodes verified, how often they were
+accepted (once their parent was) and the share of first nodes that fall in it; then what the
+gate would keep at this machine's surface at the given batch sizes if chances were the rates
+measured here.
+
+    python bench/head_confidence.py --input open-held-out.jsonl --batch-size 64
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import core.engine.generate as generate
+from core.engine import CostSurface, Engine, GenerationParams, load_model
+from core.engine.benchmark import load_job
+from core.engine.costs import load_kept
+from core.engine.draft_length import Offer, allocate
+from core.engine.drafters.feature_head import FeatureHeadDrafter
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--items", type=int, default=64)
+    ap.add_argument("--draft", default="head")
+    args = ap.parse_args()
+    target = load_model("smollm2-135m")
+    items = load_job(target, args.input, None)[: args.items]
+    reqs = [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
+    firsts: list[float] = []
+    heads: list[FeatureHeadDrafter] = []
+    chances = FeatureHeadDrafter.chances
+
+    def spy(self, seqs, draft):
+        if self not in heads:
+            heads.append(self)
+        probs = np.array(draft.confidence)
+        firsts.extend(probs[[r for r, n in enumerate(draft.sizes) if n], 0].tolist())
+        return chances(self, seqs, draft)
+
+    FeatureHeadDrafter.chances = spy
+    generate.GATE_COST = -1.0  # ask on every step; the flat surface keeps every node
+    engine = Engine(
+        target,
+        draft=args.draft,
+        surface=CostSurface.flat(),
+        batch_size=args.batch_size,
+        step_modes=False,
+    )
+    engine.generate_many(reqs)
+    (head,) = heads
+    cal = head.calibration
+    tried = cal.tries - 2.0  # less the prior's weight
+    rates = cal.rates()
+    first_bins = np.bincount(cal.buckets(np.array(firsts)), minlength=cal.bins)
+    print(f"{args.draft}: {len(items)} items at batch {args.batch_size}, {len(firsts)} first nodes")
+    print("head probability   nodes verified   accepted   share of first nodes")
+    for b in range(cal.bins):
+        lo, hi = b / cal.bins, (b + 1) / cal.bins
+        print(
+            f"  {lo:.1f}-{hi:.1f}  {int(tried[b]):>14d}   {rates[b]:8.3f}   "
+            f"{first_bins[b] / max(1, len(firsts)):8.3f}"
+        )
+    mean_first = float((rates * first_bins).sum() / max(1, first_bins.sum()))
+    print(f"first-node acceptance over all bins: {mean_first:.3f}")
+    surface = load_kept(target.model, target.weight_format)
+    if surface is None:
+        return
+    print("the gate at this machine's surface, one first node per row (chances as measured):")
+    share = first_bins / max(1, first_bins.sum())
+    for B in (1, 16, 64, 128):
+        # B rows in the measured mix of bins: which bins pay their verify cost?
+        counts = np.round(share * B).astype(int)
+        offers = [Offer(np.array([rates[b]])) for b in range(cal.bins) for _ in range(counts[b])]
+        offers += [Offer(np.zeros(0))] * max(0, B - len(offers))
+        ks = allocate(offers[:B], surface)
+        kept = sum(ks)
+        gain = sum(o.gains[0] for o, k in zip(offers, ks, strict=False) if k)
+        print(f"  {B:>4} rows: {kept} rows verify a node, {gain / B:.3f} tokens gained per row")
+
+
+if __name__ == "__main__":
+    main()
