@@ -72,17 +72,24 @@ def main() -> None:
     surface = load_kept(target.model, target.weight_format)
     if surface is None:
         return
-    print("the gate at this machine's surface, one first node per row (chances as measured):")
-    share = first_bins / max(1, first_bins.sum())
+    print(
+        "the gate at this machine's surface, one first node per row, chances as measured, "
+        "the head's own cost counted (expected tokens per unit of time against plain steps):"
+    )
+    order = np.repeat(np.arange(cal.bins), first_bins)  # first nodes' bins, ascending
+    cost = head.step_cost(1)
     for B in (1, 16, 64, 128):
-        # B rows in the measured mix of bins: which bins pay their verify cost?
-        counts = np.round(share * B).astype(int)
-        offers = [Offer(np.array([rates[b]])) for b in range(cal.bins) for _ in range(counts[b])]
-        offers += [Offer(np.zeros(0))] * max(0, B - len(offers))
-        ks = allocate(offers[:B], surface)
-        kept = sum(ks)
-        gain = sum(o.gains[0] for o, k in zip(offers, ks, strict=False) if k)
-        print(f"  {B:>4} rows: {kept} rows verify a node, {gain / B:.3f} tokens gained per row")
+        # B rows drawn evenly from the measured mix of bins: which of them pay?
+        bins = order[((np.arange(B) + 0.5) / B * len(order)).astype(int)]
+        offers = [Offer(np.array([rates[b]]), "head") for b in bins]
+        ks = allocate(offers, surface, {"head": cost})
+        gain = sum(o.gains[0] for o, k in zip(offers, ks, strict=True) if k)
+        at = surface.at(B)
+        plain, step = at(np.array([B, B + sum(ks)], float))
+        rate = (B + gain) / (step / plain + (cost if sum(ks) else 0.0)) / B
+        print(
+            f"  {B:>4} rows: {sum(ks):>3} verify a node, {gain / B:.3f} tokens gained per row, {rate:.3f}x"
+        )
 
 
 if __name__ == "__main__":
