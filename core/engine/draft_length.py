@@ -17,6 +17,10 @@ fresh statistics get `WARMUP` proposals at `K_INIT` before the cost model decide
 the drafter's rates were measured offline (`Drafter.prior`: a calibrated self-drafter's
 held-out agreement), which then stand in for the guessed prior.
 
+A model drafter that can say how sure it is of each node (a `chances` method, drafters/base.py)
+is asked once its drafts are made, where verifying a token costs real time (`token_cost` at
+least `GATE_COST`): `gate` then keeps the nodes whose chances pay at the batch's cost.
+
 An engine keeps one `AcceptanceStats` per drafter across requests; each request starts from
 its rates as a light prior (`CARRY_WEIGHT` observations per position), so a job's later
 prompts start from what its earlier ones measured, yet one prompt's own evidence outweighs
