@@ -46,7 +46,7 @@ class ProbabilityBins(Confidence):
         """The bin of each probability (any shape)."""
         return np.minimum((np.asarray(probs) * self.bins).astype(np.int64), self.bins - 1)
 
-    def chances(self, probs: np.ndarray) -> np.ndarray:
-        """(R, K) chain probabilities -> (R, K) each node's chance of being accepted with all
-        before it: the product of its and its ancestors' calibrated rates."""
-        return np.cumprod(self.rates()[self.buckets(probs)], axis=-1)
+    def chances(self, bins: np.ndarray) -> np.ndarray:
+        """(R, K) the bins of a chain's probabilities -> (R, K) each node's chance of being
+        accepted with all before it: the product of its and its ancestors' calibrated rates."""
+        return np.cumprod(self.rates()[bins], axis=-1)

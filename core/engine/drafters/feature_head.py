@@ -157,7 +157,7 @@ class FeatureHeadDrafter:
         were accepted (`confidence.ProbabilityBins`). Reads the draft back (a sync)."""
         probs = np.array(draft.confidence)
         bins = self.calibration.buckets(probs)
-        chances = self.calibration.chances(probs)
+        chances = self.calibration.chances(bins)
         out = []
         for r, (s, n) in enumerate(zip(seqs, draft.sizes, strict=True)):
             self._bins[s.uid] = bins[r, :n].tolist()
