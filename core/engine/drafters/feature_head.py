@@ -124,8 +124,10 @@ class FeatureHeadDrafter:
         small = self.adapter.vocab is not None and all(seqs[i].params.greedy for i in live)
         sure = mx.zeros(tokens.shape, mx.float32)  # the head's probability of each token
         for depth in range(k_max):
+            # The tokens come from the logits as they are; the probabilities (float32) are
+            # computed only if the gate reads them (MLX evaluates lazily).
             if small:
-                logits = reduced_logits(model, self.adapter, pred).astype(mx.float32)
+                logits = reduced_logits(model, self.adapter, pred)
                 best = mx.argmax(logits, axis=-1)
                 drafted = self.adapter.vocab[best].astype(mx.int32)
                 top = mx.max(logits, axis=-1)
@@ -134,10 +136,11 @@ class FeatureHeadDrafter:
                 seeds = np.array([seqs[i].seed for i in live], dtype=np.uint32)
                 logits = draft_logits(model, self.adapter, pred)  # (R', V): -inf off its vocabulary
                 drafted = choose(logits, [seqs[i].params for i in live], seeds, pos)
-                logits = logits.astype(mx.float32)
                 top = mx.take_along_axis(logits, drafted[:, None], axis=-1)[:, 0]
-            tokens[mx.array(live), depth] = drafted
-            sure[mx.array(live), depth] = mx.exp(top - mx.logsumexp(logits, axis=-1))
+            rows = mx.array(live)
+            tokens[rows, depth] = drafted
+            lse = mx.logsumexp(logits.astype(mx.float32), axis=-1)
+            sure[rows, depth] = mx.exp(top.astype(mx.float32) - lse)
             nxt = [j for j, i in enumerate(live) if ks[i] > depth + 1]
             if not nxt:
                 break
