@@ -161,20 +161,34 @@ def _engine_drafts(monkeypatch, target, spec: str, k: int) -> list[tuple]:
     return seen
 
 
-@pytest.mark.parametrize("vocab", [None, 40])
+@pytest.mark.parametrize("vocab,pad", [(None, "0"), (40, "0"), (None, "8")])
 def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
-    make_tiny, adapter_home, tmp_path, monkeypatch, vocab
+    make_tiny, adapter_home, tmp_path, monkeypatch, vocab, pad
 ):
     """Every chain the batched engine drafts is the head's chain over the row's whole
     history: the states it reads are the target's at exactly those positions. A head
     with a reduced draft vocabulary drafts the best of its tokens. Output is plain
-    greedy's."""
+    greedy's. With CUDA's padded reads (`pad` > 0) the head's block runs over every slot
+    with a power-of-two query count (a few attention shapes) and drafts the same chains."""
+    from core.engine.drafters import feature_head
     from tests.engine.conftest import store_head
 
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
+    monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(3)
     store_head(target, vocab=vocab)
+    segs = []
+    fwd = feature_head.forward
+    monkeypatch.setattr(
+        feature_head, "forward", lambda m, c, ss, **kw: (segs.extend(ss), fwd(m, c, ss, **kw))[1]
+    )
     seen = _engine_drafts(monkeypatch, target, "head:1", 3)
+    if pad != "0":
+        assert all(s.rows == [0, 1, 2] and s.min_w & (s.min_w - 1) == 0 for s in segs)
+        assert {s.min_w for s in segs} <= {1, 2, 4}
+        assert any(len(set(s.sizes)) > 1 for s in segs)  # drafting slots beside dummies
+    else:
+        assert any(len(s.rows) < 3 for s in segs)
     for prompt, output, _, drafted, _, _, adapter in seen:
         want = _offline_chain(target, adapter, prompt, output, len(drafted))
         assert drafted == want, (len(output), drafted, want)

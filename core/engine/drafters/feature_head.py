@@ -110,10 +110,7 @@ class FeatureHeadDrafter:
             sizes.append(n)
         x = fh.fuse(model, states.gather(spans), mx.array(ids, mx.int32))
         slots = [seqs[i].slot for i in live]
-        seg = Segment(slots, [[0] * n for n in sizes], hidden=x)
-        pred = forward(model, cache, [seg], stop=1, blocks={0: fh.block})[0]  # (N, D)
-        last = np.cumsum(sizes) - 1
-        pred = pred[mx.array(last.astype(np.int32))]  # (R', D)
+        pred = self._block(slots, sizes, x)  # (R', D)
         base = cache.lengths[slots] + np.asarray(sizes)
         cache.lengths[slots] = base
         if self.width > 1:
@@ -149,10 +146,40 @@ class FeatureHeadDrafter:
                 pred, drafted, base = pred[sel], drafted[sel], base[nxt]
                 live, slots = [live[j] for j in nxt], [slots[j] for j in nxt]
             cache.lengths[slots] = base + depth  # the chain's own entries, dropped below
-            seg = Segment(slots, [[0]] * len(live), hidden=fh.fuse(model, pred, drafted))
-            pred = forward(model, cache, [seg], stop=1, blocks={0: fh.block})[0]
+            pred = self._block(slots, [1] * len(live), fh.fuse(model, pred, drafted))
         self._read_all(seqs, ks)
         return Draft(sizes=list(ks), tokens=tokens, confidence=sure, source=self.name)
+
+    def _block(self, slots: list[int], sizes: list[int], x: mx.array) -> mx.array:
+        """The head's block over `sizes[j]` new pairs of each of `slots` (packed in `x`,
+        (sum(sizes), D)), into its cache: the predicted state after each slot's last pair,
+        (len(slots), D).
+
+        On CUDA (a padded cache) every slot takes part, in slot order, with a power-of-two
+        query count, as in the verify step; a slot that drafts nothing runs one zero pair,
+        written past its length (its next read writes there first) and dropped. Attention
+        there builds a graph per exact shape (cache.py): the count of drafting rows changes
+        nearly every step, the count of slots never, so the head meets a few shapes."""
+        cache, model = self.cache, self.target.model
+        n = np.asarray(sizes)
+        if cache.pad <= 1:
+            seg = Segment(slots, [[0] * k for k in sizes], hidden=x)
+            last = np.cumsum(n) - 1
+        else:
+            per = np.ones(cache.capacity, np.int64)  # pairs per slot: dummies run one
+            per[slots] = n
+            start = np.cumsum(per) - per  # each slot's first node in the packed stream
+            src = np.full(int(per.sum()), x.shape[0], np.int32)  # the zero row by default
+            within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+            src[np.repeat(start[slots], n) + within] = np.arange(n.sum())
+            hidden = mx.concatenate([x, mx.zeros((1, x.shape[1]), x.dtype)])[mx.array(src)]
+            w = 1 << (int(n.max()) - 1).bit_length()
+            seg = Segment(
+                list(range(cache.capacity)), [[0] * k for k in per], hidden=hidden, min_w=w
+            )
+            last = start[slots] + n - 1
+        out = forward(model, cache, [seg], stop=1, blocks={0: self.adapter.block.block})[0]
+        return out[mx.array(last.astype(np.int32))]
 
     def chances(self, seqs, draft: Draft) -> list[list[float]]:
         """Each chain node's chance of being accepted with all before it, from the head's
