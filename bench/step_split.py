@@ -8,7 +8,15 @@ shape: kernels and attention graphs built) is timed apart from the second.
         '["head", {"step_modes": false}]' '["head", {"k": 1}]' '["head", {}]'
 
 Each configuration is `[draft spec, Engine keyword arguments]`; batch size 64 unless the
-keywords say. `N` and `M` (environment) cap the items and their max_tokens.
+keywords say. `N` and `M` (environment) cap the items and their max_tokens. The keyword
+`"head_cost": "share"` prices the head's drafting depths by the share of the weights they
+read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the two.
+
+With `R` (environment) rounds, every configuration then runs once per round, in turn and
+untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
+at 6 ms and at 11 ms a launch), so only configurations run side by side in each round
+compare. Printed: each round's tokens/s and its ratio to the first configuration, the
+median ratio, and each configuration's tokens per drafting step.
 """
 
 import collections
@@ -31,11 +39,23 @@ def main() -> None:
     cap = int(os.environ.get("M", 10**6))
     reqs = [(it.prompt, GenerationParams(max_tokens=min(it.max_tokens, cap))) for it in items]
     configs = [json.loads(c) for c in sys.argv[2:]] or [["none", {}], ["head", {}]]
+    engines = []
+    measure = FeatureHeadDrafter._measured_depth
+
+    def shown(self, rows):  # each timing of a drafting depth, as it is made
+        new = rows not in self._depth_ms
+        ms = measure(self, rows)
+        if new:
+            print(f"   (the head's drafting depth timed at {rows} rows: {ms:.2f} ms)")
+        return ms
+
+    FeatureHeadDrafter._measured_depth = shown
     async_eval, propose, draft = mx.async_eval, FeatureHeadDrafter.propose, generate.Batch._draft
     for spec, kw in configs:
-        eng = Engine(target, draft=spec, **{"batch_size": 64, **kw})
+        eng = Engine(target, draft=spec, **{"batch_size": 64, **_engine_kw(kw)})
+        engines.append(eng)
         t0 = time.perf_counter()
-        out = eng.generate_many(reqs)
+        out = _run(eng, kw, reqs)
         first = time.perf_counter() - t0
         print(
             f"== {spec} {kw} first pass: {sum(len(r.tokens) for r in out)} tokens in {first * 1000:.0f} ms"
@@ -67,7 +87,7 @@ def main() -> None:
         generate.Batch._draft = counted_draft
         try:
             t0 = time.perf_counter()
-            out = eng.generate_many(reqs)
+            out = _run(eng, kw, reqs)
             wall = time.perf_counter() - t0
         finally:
             mx.async_eval, FeatureHeadDrafter.propose = async_eval, propose
@@ -81,6 +101,57 @@ def main() -> None:
         if steps:
             nodes = sum(n * c for (_, n), c in plans.items())
             print(f"   drafting steps {steps}, drafted nodes {nodes} ({nodes / steps:.1f} a step)")
+    rounds(configs, engines, reqs, int(os.environ.get("R", 0)))
+
+
+def _engine_kw(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if k != "head_cost"}
+
+
+def _run(eng, kw: dict, reqs):
+    """The job through `eng`; with `"head_cost": "share"` the head's depths priced by the
+    share of the weights they read."""
+    if kw.get("head_cost") != "share":
+        return eng.generate_many(reqs)
+    measured = FeatureHeadDrafter.step_cost
+    FeatureHeadDrafter.step_cost = lambda self, rows: self._share
+    try:
+        return eng.generate_many(reqs)
+    finally:
+        FeatureHeadDrafter.step_cost = measured
+
+
+def rounds(configs, engines, reqs, n: int) -> None:
+    """`n` rounds of every configuration in turn (module docstring)."""
+    if n <= 0:
+        return
+    rates = [[] for _ in configs]
+    for r in range(n):
+        line = []
+        for j, eng in enumerate(engines):
+            t0 = time.perf_counter()
+            out = _run(eng, configs[j][1], reqs)
+            wall = time.perf_counter() - t0
+            rates[j].append(sum(len(o.tokens) for o in out) / wall)
+            if r == n - 1:  # the last round's acceptance
+                spec = [o.speculative for o in out]
+                drafted = sum(s["draft_tokens"] for s in spec)
+                steps = sum(s["verify_steps"] for s in spec)
+                configs[j].append(
+                    f"; last round: {sum(len(o.tokens) for o in out) / steps:.2f} tokens a "
+                    f"row's step, {sum(s['accepted_tokens'] for s in spec) / max(drafted, 1):.2f} "
+                    f"of {drafted} drafted tokens accepted"
+                )
+            line.append(f"{rates[j][-1]:7.0f} ({rates[j][-1] / rates[0][-1]:.2f}x)")
+        print(f"round {r + 1}: " + "  ".join(line))
+    for j, (spec, kw, *per) in enumerate(configs):
+        ratios = sorted(a / b for a, b in zip(rates[j], rates[0], strict=True))
+        med = ratios[len(ratios) // 2] if n % 2 else sum(ratios[n // 2 - 1 : n // 2 + 1]) / 2
+        rate = sorted(rates[j])[len(rates[j]) // 2]
+        print(
+            f"== {spec} {kw}: median {rate:.0f} tok/s, median ratio {med:.2f}x "
+            f"(rounds {', '.join(f'{x:.2f}' for x in ratios)}){''.join(per)}"
+        )
 
 
 if __name__ == "__main__":

@@ -146,17 +146,24 @@ def measure_surface(
         for w in widths:
             toks = np.random.default_rng(w).integers(0, vocab, (b, w)).tolist()
             seg = [Segment(rows, toks)]
-            mx.eval(forward(model, cache, seg))  # warm-up for this shape
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                mx.eval(forward(model, cache, seg))
-                best = min(best, time.perf_counter() - t0)
-            row.append(1000 * best)  # the least-disturbed run: other load only adds time
+            row.append(best_ms(lambda c=cache, seg=seg: forward(model, c, seg), repeats))
         grid.append(row)
         del cache
     g = np.maximum.accumulate(np.maximum.accumulate(np.asarray(grid), axis=1), axis=0)
     return CostSurface(tuple(batches), tuple(widths), tuple(tuple(map(float, r)) for r in g))
+
+
+def best_ms(run: Callable[[], object], repeats: int = 2) -> float:
+    """Milliseconds `mx.eval(run())` takes on this machine: once to warm up (kernels and
+    attention graphs built for these shapes, work already in flight finished), then the
+    best of `repeats` (the least-disturbed run: other load only adds time)."""
+    mx.eval(run())
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(run())
+        best = min(best, time.perf_counter() - t0)
+    return 1000 * best
 
 
 def data_dir() -> Path:

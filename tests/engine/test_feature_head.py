@@ -352,3 +352,39 @@ def test_where_a_token_costs_time_rows_verify_only_the_heads_likely_nodes(
         kept_n, dropped_n = kept_n + len(keep), dropped_n + len(drop)
         probes += sum(min(forced[r], kept[r]) for r in ch)
     assert kept_n and dropped_n and probes, (kept_n, dropped_n, probes)
+
+
+@pytest.mark.parametrize("pad", ["0", "8"])
+def test_a_drafting_depth_is_priced_by_timing_one_here(make_tiny, monkeypatch, pad):
+    """The head's step cost is one drafting depth (block, logits, tokens) timed on this
+    machine over the batch's rows, at the powers of two around them (interpolated, each
+    timed once), in plain target steps at that batch. The depths timed run the head over
+    that many rows on a scratch cache: the live rows' head cache is untouched. Without a
+    plain step's cost it is the share of weights the head reads."""
+    from core.engine.adapters.head import new_head_adapter
+    from core.engine.drafters import feature_head
+
+    monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
+    target = make_tiny(0)
+    head = feature_head.FeatureHeadDrafter(
+        target, 8, new_head_adapter(target.model), plain_ms=lambda rows: 10.0 * rows
+    )
+    assert head._measured_depth(2) > 0.0  # really timed once
+    timed = []
+
+    def fake_best_ms(run, repeats=2):
+        tokens = run()  # one depth's drafted tokens: (rows,)
+        mx.eval(tokens)
+        timed.append(tokens.shape[0])
+        return 1.0 + tokens.shape[0]
+
+    monkeypatch.setattr(feature_head, "best_ms", fake_best_ms)
+    head._depth_ms.clear()
+    head.cache.lengths[:] = 5
+    assert head.step_cost(4) == pytest.approx(5.0 / 40.0)
+    assert head.step_cost(6) == pytest.approx(7.0 / 60.0)  # between 4 rows' 5 ms and 8's 9
+    assert head.step_cost(5) == pytest.approx(6.0 / 50.0)
+    assert timed == [4, 8]  # each row count timed once
+    assert head.cache.lengths.tolist() == [5] * 8 and head.cache.keys[0] is None
+    unpriced = feature_head.FeatureHeadDrafter(target, 8, new_head_adapter(target.model))
+    assert unpriced.step_cost(4) == unpriced._share > 0.0

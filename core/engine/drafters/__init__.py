@@ -82,7 +82,13 @@ def _adapter(engine, arg, width: int | None = None):
     if adapter.kind == "feature-head":
         from .feature_head import WIDTH, FeatureHeadDrafter
 
-        head = FeatureHeadDrafter(engine.target, engine.capacity, adapter, width or WIDTH)
+        head = FeatureHeadDrafter(
+            engine.target,
+            engine.capacity,
+            adapter,
+            width or WIDTH,
+            plain_ms=lambda rows: engine.engine.surface(rows, rows),
+        )
         head.keep = engine.engine.learner is not None  # its learner takes the states it read
         return [head]
     from .adapter import AdapterDrafter

@@ -36,6 +36,8 @@ host once per depth. Sampled rows keep drafting a chain (W = 1 for them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 import numpy as np
 
@@ -44,6 +46,7 @@ from ..adapters.block import Adapter, draft_logits, reduced_logits
 from ..adapters.head import weight_share
 from ..cache import BatchKVCache
 from ..confidence import ProbabilityBins
+from ..costs import CONTEXT, best_ms
 from ..draft_length import PRIORS
 from ..sampling import choose
 from ..scorer import Segment, forward
@@ -63,7 +66,14 @@ class FeatureHeadDrafter:
     calibrated = False
     reads_states = True  # the engine keeps each row's committed states for it
 
-    def __init__(self, target, capacity: int, adapter: Adapter, width: int = WIDTH):
+    def __init__(
+        self,
+        target,
+        capacity: int,
+        adapter: Adapter,
+        width: int = WIDTH,
+        plain_ms: Callable[[int], float] | None = None,
+    ):
         self.target = target
         self.adapter = adapter
         self.width = width  # alternatives per expanded node: 1 = a chain
@@ -74,6 +84,8 @@ class FeatureHeadDrafter:
         self._bins: dict[int, list[int]] = {}  # row uid -> its last chances' bins
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, vocab)
+        self._plain_ms = plain_ms  # ms of one plain target step at a row count (its surface)
+        self._depth_ms: dict[int, float] = {}  # rows -> one drafting depth's ms, measured
         # The first draft token's held-out agreement; deeper ones keep the kind's guess (which
         # lets the engine try one deeper and measure them): the calibrated second-token
         # agreement reads the head's state after every target token, not only after accepted
@@ -150,17 +162,19 @@ class FeatureHeadDrafter:
         self._read_all(seqs, ks)
         return Draft(sizes=list(ks), tokens=tokens, confidence=sure, source=self.name)
 
-    def _block(self, slots: list[int], sizes: list[int], x: mx.array) -> mx.array:
+    def _block(
+        self, slots: list[int], sizes: list[int], x: mx.array, cache: BatchKVCache | None = None
+    ) -> mx.array:
         """The head's block over `sizes[j]` new pairs of each of `slots` (packed in `x`,
-        (sum(sizes), D)), into its cache: the predicted state after each slot's last pair,
-        (len(slots), D).
+        (sum(sizes), D)), into its cache (or `cache`): the predicted state after each slot's
+        last pair, (len(slots), D).
 
         On CUDA (a padded cache) every slot takes part, in slot order, with a power-of-two
         query count, as in the verify step; a slot that drafts nothing runs one zero pair,
         written past its length (its next read writes there first) and dropped. Attention
         there builds a graph per exact shape (cache.py): the count of drafting rows changes
         nearly every step, the count of slots never, so the head meets a few shapes."""
-        cache, model = self.cache, self.target.model
+        cache, model = cache or self.cache, self.target.model
         n = np.asarray(sizes)
         if cache.pad <= 1:
             seg = Segment(slots, [[0] * k for k in sizes], hidden=x)
@@ -298,7 +312,43 @@ class FeatureHeadDrafter:
         seq.read_states = []
 
     def step_cost(self, rows: int) -> float:
-        return self._share
+        """One drafting depth over `rows` rows (a block forward, the logits, the tokens), in
+        plain target steps at that batch: timed on this machine at the powers of two around
+        `rows` and interpolated, as the surface times the verify. On an accelerator running
+        a small model a depth costs what launching its kernels does, whatever the rows; on
+        a CPU its arithmetic, in proportion to them: neither is the share of the weights it
+        reads, which stands in only where no plain step's cost is known."""
+        if self._plain_ms is None:
+            return self._share
+        rows = max(rows, 1)
+        lo = 1 << (rows.bit_length() - 1)
+        hi = lo if lo == rows else min(2 * lo, max(self.cache.capacity, rows))
+        a, b = self._measured_depth(lo), self._measured_depth(hi)
+        ms = a + (b - a) * (rows - lo) / max(hi - lo, 1)
+        return ms / self._plain_ms(rows)
+
+    def _measured_depth(self, rows: int) -> float:
+        """Milliseconds of one drafting depth over `rows` rows, each `costs.CONTEXT` pairs
+        deep, on a scratch cache (timed once per row count)."""
+        if rows not in self._depth_ms:
+            model, fh = self.target.model, self.adapter.block
+            cache = BatchKVCache(1, max(self.cache.capacity, rows), pad=self.cache.pad)
+            slots = list(range(rows))
+            D = model.args.hidden_size
+            dtype = model.model.norm.weight.dtype
+            zeros = mx.zeros((rows * CONTEXT, D), dtype)
+            mx.eval(self._block(slots, [CONTEXT] * rows, zeros, cache=cache))
+            cache.lengths[slots] = CONTEXT
+            pred, tok = mx.zeros((rows, D), dtype), mx.zeros((rows,), mx.int32)
+
+            def depth():
+                h = self._block(slots, [1] * rows, fh.fuse(model, pred, tok), cache=cache)
+                if self.adapter.vocab is not None:
+                    return mx.argmax(reduced_logits(model, self.adapter, h), axis=-1)
+                return mx.argmax(draft_logits(model, self.adapter, h), axis=-1)
+
+            self._depth_ms[rows] = best_ms(depth)
+        return self._depth_ms[rows]
 
     def evidence(self) -> int:
         return 0
