@@ -388,3 +388,36 @@ def test_a_drafting_depth_is_priced_by_timing_one_here(make_tiny, monkeypatch, p
     assert head.cache.lengths.tolist() == [5] * 8 and head.cache.keys[0] is None
     unpriced = feature_head.FeatureHeadDrafter(target, 8, new_head_adapter(target.model))
     assert unpriced.step_cost(4) == unpriced._share > 0.0
+
+
+def test_the_engine_times_the_heads_depth_once_for_all_its_batches(
+    make_tiny, adapter_home, monkeypatch
+):
+    """With the draft length chosen per step (no fixed k) the engine prices the head's
+    depths by timing them; the timings stay with the engine, so its next batch times
+    nothing. Output is plain greedy's."""
+    from core.engine import Engine, GenerationParams
+    from core.engine.drafters import feature_head
+    from tests.engine.conftest import store_head
+    from tests.engine.test_draft_length import CPU
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    timed = []
+    real = feature_head.best_ms
+    monkeypatch.setattr(feature_head, "best_ms", lambda run: timed.append(1) or real(run))
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=12 + 3 * i))
+        for i, p in enumerate(WORKLOAD[:4])
+    ]
+    eng = Engine(target, draft="head", surface=CPU, batch_size=4, step_modes=False)
+    got = [r.tokens for r in eng.generate_many(reqs)]
+    first = len(timed)
+    assert first >= 2  # 4 rows and fewer, as they finish
+    assert [r.tokens for r in eng.generate_many(reqs)] == got
+    assert len(timed) == first
+    (kept,) = eng.step_ms.values()
+    assert set(kept) >= {4} and all(ms > 0 for ms in kept.values())
+    plain = Engine(target, draft="none", surface=CPU, batch_size=1)
+    assert got == [plain.generate(p, q).tokens for p, q in reqs]

@@ -88,6 +88,7 @@ def _adapter(engine, arg, width: int | None = None):
             adapter,
             width or WIDTH,
             plain_ms=lambda rows: engine.engine.surface(rows, rows),
+            timings=engine.engine.step_ms.setdefault(("head", engine.capacity), {}),
         )
         head.keep = engine.engine.learner is not None  # its learner takes the states it read
         return [head]

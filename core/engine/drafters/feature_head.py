@@ -73,6 +73,7 @@ class FeatureHeadDrafter:
         adapter: Adapter,
         width: int = WIDTH,
         plain_ms: Callable[[int], float] | None = None,
+        timings: dict[int, float] | None = None,
     ):
         self.target = target
         self.adapter = adapter
@@ -85,7 +86,9 @@ class FeatureHeadDrafter:
         vocab = None if adapter.vocab is None else int(adapter.vocab.size)
         self._share = weight_share(target.model, vocab)
         self._plain_ms = plain_ms  # ms of one plain target step at a row count (its surface)
-        self._depth_ms: dict[int, float] = {}  # rows -> one drafting depth's ms, measured
+        # rows -> one drafting depth's ms, measured (`timings`: kept by the engine across
+        # its batches, which share the capacity and so the shapes on CUDA)
+        self._depth_ms: dict[int, float] = {} if timings is None else timings
         # The first draft token's held-out agreement; deeper ones keep the kind's guess (which
         # lets the engine try one deeper and measure them): the calibrated second-token
         # agreement reads the head's state after every target token, not only after accepted
@@ -336,9 +339,7 @@ class FeatureHeadDrafter:
             slots = list(range(rows))
             D = model.args.hidden_size
             dtype = model.model.norm.weight.dtype
-            zeros = mx.zeros((rows * CONTEXT, D), dtype)
-            mx.eval(self._block(slots, [CONTEXT] * rows, zeros, cache=cache))
-            cache.lengths[slots] = CONTEXT
+            cache.lengths[slots] = CONTEXT  # what the depths read: zeros, as good to time
             pred, tok = mx.zeros((rows, D), dtype), mx.zeros((rows,), mx.int32)
 
             def depth():
