@@ -293,8 +293,8 @@ class StepModes:
     one step to the next, so the kind whose block came first would be charged for the
     prefill and credited with fewer rows (on this CPU, at 49 rows, the first trial's
     drafting block ran 0.79 s a step against 0.19 s for the job's plain steps, and plain
-    won the trial). A row joining a running batch prefills less than the rows decoding beside it:
-    those steps count.
+    won the trial). A row joining a running batch prefills less than the rows decoding
+    beside it: those steps count.
     """
 
     TRIAL = 8
