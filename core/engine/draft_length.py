@@ -287,14 +287,6 @@ class StepModes:
     full batch), or, while plain steps run, the drafters' evidence (`Drafter.evidence`: a
     job's answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave
     drafts from an empty index; the next one from all that the first wrote).
-
-    A step that prefilled more prompt tokens than it had rows decoding is no evidence for
-    either kind: a job's first steps prefill its prompts while the rows decoding grow from
-    one step to the next, so the kind whose block came first would be charged for the
-    prefill and credited with fewer rows (on this CPU, at 49 rows, the first trial's
-    drafting block ran 0.79 s a step against 0.19 s for the job's plain steps, and plain
-    won the trial). A row joining a running batch prefills less than the rows decoding
-    beside it: those steps count.
     """
 
     TRIAL = 8
@@ -319,32 +311,12 @@ class StepModes:
     def _new_trial() -> dict[str, list]:
         return {"draft": [0, 0, 0.0], "plain": [0, 0, 0.0]}  # steps, tokens, seconds
 
-    def credit(self, mode: str, seconds: float) -> None:
-        """Time that belongs to a step of `mode` already observed. A plain step is
-        double-buffered: it counts the tokens it launches (they reach the host in the next
-        step), and the drafting step after a block of them first waits for the last one's,
-        which is that step's time. (Counted where they reach the host, every drafting block
-        would gain one plain step's tokens and every plain block lose them: 5 to 3 in blocks
-        of 4, which made drafting win trials it lost by a quarter.)"""
-        if self._trial is not None:
-            self._trial[mode][2] += seconds
-
     def observe(
-        self,
-        mode: str,
-        tokens: int,
-        seconds: float,
-        rows: int | None = None,
-        evidence: int = 0,
-        prefilled: int = 0,
-        decoding: int | None = None,
+        self, mode: str, tokens: int, seconds: float, rows: int | None = None, evidence: int = 0
     ) -> None:
         """One step of `mode` emitted `tokens` in `seconds` with `rows` live rows and the
-        drafters' `evidence`, having prefilled `prefilled` prompt tokens beside `decoding`
-        rows decoding; then choose the next step's mode."""
+        drafters' `evidence`; then choose the next step's mode."""
         self.steps[mode] += 1
-        if decoding is not None and prefilled > decoding:
-            return  # mostly prefill: no evidence either way (class docstring)
         trial = self._trial
         if trial is None:
             self._since += 1

@@ -316,9 +316,6 @@ class Batch:
         self.emitted = 0  # tokens emitted by this batch's rows
         self.modes = StepModes() if self.drafters and engine.step_modes else None
         self._mode = "draft"  # the kind of the step that ran last ("draft" or "plain")
-        self._load = (0, 0)  # the last step's (prompt tokens prefilled, rows decoding)
-        self._read_lag = (0, 0.0)  # (tokens, seconds) of a plain step a drafting one read
-        self._launched = 0  # tokens the last plain step launched
 
     def draft_model_drafter(self):
         """This batch's draft-model drafter (one cache row per slot), built once."""
@@ -401,25 +398,10 @@ class Batch:
             else:
                 t0, n0 = time.perf_counter(), self.emitted
                 out = self._step()
-                seconds, tokens = time.perf_counter() - t0, self.emitted - n0
-                if self._mode == "plain":
-                    tokens = self._launched  # they reach the host in the next step
-                else:
-                    lag_tokens, lag_s = self._read_lag  # the last plain step's, read here
-                    self._read_lag = (0, 0.0)
-                    self.modes.credit("plain", lag_s)
-                    tokens, seconds = tokens - lag_tokens, seconds - lag_s
                 rows = self.active
                 evidence = sum(d.evidence() for d in self.drafters)
-                prefilled, decoding = self._load
                 self.modes.observe(
-                    self._mode,
-                    tokens,
-                    seconds,
-                    rows,
-                    evidence,
-                    prefilled=prefilled,
-                    decoding=decoding,
+                    self._mode, self.emitted - n0, time.perf_counter() - t0, rows, evidence
                 )
             if self.engine.learner is not None:
                 self.engine.learner.tick()
@@ -434,14 +416,11 @@ class Batch:
         if self._lag is not None:  # leaving double buffering: read the step in flight first
             rows, tokens = self._lag
             self._lag = None
-            t, n = time.perf_counter(), self.emitted
             self._commit_plain(rows, tokens.tolist())
-            self._read_lag = (self.emitted - n, time.perf_counter() - t)
         eng = self.engine
         self._admit()
         prefill = self._prefill_plan()
         decode = [s for s in self.rows if s is not None and s.decoding]
-        self._load = (sum(len(c) for _, c in prefill), len(decode))
         t0 = time.perf_counter()
         plan = self._draft(decode) if decode else None
         if eng.profile and plan is not None:
@@ -540,13 +519,11 @@ class Batch:
                 src = mx.array([lagging[decode[i].uid] for i in dev])
                 ids[mx.array(dev)] = lag_tokens[src]
             segments.append(Segment([s.slot for s in decode], [[0]] * len(decode), ids=ids))
-        self._load = (sum(len(c) for _, c in prefill), len(decode))
         if prefill:
             segments.append(
                 Segment([s.slot for s, _ in prefill], [c for _, c in prefill], logits="last")
             )
         launched: tuple[list[Sequence], mx.array] | None = None
-        self._launched = 0
         if segments:
             states = [] if self._states else None
             outs = forward(self.target.model, self.cache, segments, states=states)
@@ -576,7 +553,6 @@ class Batch:
                 tokens = picks[0] if len(picks) == 1 else mx.concatenate(picks)
                 mx.async_eval(tokens)
                 launched = (rows, tokens)
-                self._launched = len(rows)
         results = self._results()
         if lag_rows:
             self._commit_plain(lag_rows, lag_tokens.tolist())  # the step's one sync

@@ -179,51 +179,6 @@ def test_trials_that_keep_picking_the_same_kind_come_ever_more_rarely():
     assert m.mode == "plain" and m._trial is None and m._retry == R
 
 
-def test_steps_that_mostly_prefill_are_no_evidence_for_either_kind():
-    """A job's first steps prefill its prompts while the rows decoding grow: the kind whose
-    block ran then would be charged for it. Those steps count for neither; a joining row's
-    small chunk beside the rows decoding does count."""
-    from core.engine.draft_length import StepModes
-
-    m = StepModes()
-    B, T = m.BLOCK, m.TRIAL
-    for decoding in (0, 4, 12, 30, 45):  # slow, and the first block of either kind
-        m.observe(m.mode, decoding, 4.0, rows=49, prefilled=256, decoding=decoding)
-    assert m.mode == "draft" and m._trial == StepModes._new_trial()
-    seen = []
-    for i in range(2 * T):
-        seen.append(m.mode)
-        emitted = {"draft": 60, "plain": 49}[m.mode]
-        m.observe(m.mode, emitted, 1.0, rows=49, prefilled=20 * (i % 3 == 0), decoding=49)
-    assert seen == (["draft"] * B + ["plain"] * B) * (T // B)
-    assert m.mode == "draft" and m.rate == {"draft": 60.0, "plain": 49.0}
-    assert m.steps == {"draft": 5 + T, "plain": T}  # every step run is counted as run
-
-
-def test_a_plain_steps_tokens_read_by_the_drafting_step_after_it_count_for_plain():
-    """Plain steps are double-buffered: each counts the tokens it launches, and waits for
-    the step before it (none before a block's first); the drafting step after a block waits
-    for the block's last, and that wait is credited to plain. Each kind's measured rate is
-    then its true one."""
-    from core.engine.draft_length import StepModes
-
-    m = StepModes()
-    last = None
-    for _ in range(4 * m.TRIAL):
-        mode = m.mode
-        if mode == "plain":  # 50 tokens a second: 0.75 s to launch, 0.25 s to wait
-            m.observe("plain", 50, 1.0 if last == "plain" else 0.75, rows=49)
-        else:  # 40 tokens a second
-            if last == "plain":
-                m.credit("plain", 0.25)
-            m.observe("draft", 40, 1.0, rows=49)
-        last = mode
-        if m._trial is None:
-            break
-    assert m.mode == "plain" and m.rate["draft"] == 40.0
-    assert m.rate["plain"] == pytest.approx(50.0 * 8 / 7.75)  # the last block's wait is next
-
-
 def test_step_modes_try_again_when_the_live_rows_halve():
     from core.engine.draft_length import StepModes
 
