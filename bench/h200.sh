@@ -217,13 +217,13 @@ head-more-heldout)  # after head-more on the same host and APPLESPEC_HOME, or wi
     --rows ours_single,ours_batched,ours_batched_spec --our-batch-sizes 1,64 \
     --reference ours_single -o "$OUT/h200-head-s8-open-held-out.json" 2>&1 | tee "$OUT/h200-head-s8-open-held-out.txt" | tail -40
   ;;
-head-modes)  # ADAPTER=a stored head's file (e.g. trained on the CPU) -> h200-head-modes-b49.txt, h200-head-modes-b1.txt: none, the head as the engine runs it (depths priced by timing one, the step modes' trials) and one draft token a row on every step, in interleaved rounds on the 49 held-out open prompts at 49 rows (5 rounds) and at batch 1 (12 prompts of up to 64 tokens, 3 rounds)
+head-modes)  # ADAPTER=a stored head's file (e.g. trained on the CPU) -> h200-head-modes-b49.txt, h200-head-modes-b1.txt: none, the head as the engine runs it (depths priced by timing one, the step modes' trials) and one draft token a row on every step, in interleaved rounds on the 49 held-out open prompts at 49 rows (R49 rounds, 5 unless set; B49_S and B1_S cap each part's seconds) and at batch 1 (12 prompts of up to 64 tokens, 3 rounds); after head-more in the same call (APPLESPEC_HOME kept) it runs the head trained there
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
-  R=5 timeout 330 python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' '["head", {}]' \
+  R=${R49:-5} timeout ${B49_S:-330} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' '["head", {}]' \
     '["head", {"k": 1, "step_modes": false}]' > "$OUT/h200-head-modes-b49.txt" 2>&1
-  N=12 M=64 R=3 timeout 200 python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {"batch_size": 1}]' \
+  N=12 M=64 R=3 timeout ${B1_S:-200} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {"batch_size": 1}]' \
     '["head", {"batch_size": 1}]' > "$OUT/h200-head-modes-b1.txt" 2>&1
   grep -v "first steps" "$OUT"/h200-head-modes-b*.txt | cut -c1-220
   ;;

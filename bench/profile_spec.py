@@ -30,13 +30,18 @@ def main() -> None:
         action="store_true",
         help="every step drafts (no plain steps chosen by the step-mode trials)",
     )
+    ap.add_argument("--k", type=int, help="a fixed draft length per row (every step drafts)")
     ap.add_argument("--phases", action="store_true", help="time each part of a step, unprofiled")
     args = ap.parse_args()
     target = load_model("smollm2-135m")
     items = load_job(target, args.input, None)[: args.items]
     reqs = [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
     engine = Engine(
-        target, draft=args.draft, batch_size=args.batch_size, step_modes=not args.always_draft
+        target,
+        draft=args.draft,
+        batch_size=args.batch_size,
+        step_modes=not args.always_draft,
+        k=args.k,
     )
     engine.generate_many(reqs[: args.batch_size])  # warm-up: shapes compiled
     prof = None if args.phases else cProfile.Profile()
