@@ -51,6 +51,7 @@ def main() -> None:
 
     FeatureHeadDrafter._measured_depth = shown
     async_eval, propose, draft = mx.async_eval, FeatureHeadDrafter.propose, generate.Batch._draft
+    first_out = None
     for spec, kw in configs:
         eng = Engine(target, draft=spec, **{"batch_size": 64, **_engine_kw(kw)})
         engines.append(eng)
@@ -60,6 +61,10 @@ def main() -> None:
         print(
             f"== {spec} {kw} first pass: {sum(len(r.tokens) for r in out)} tokens in {first * 1000:.0f} ms"
         )
+        if first_out is None:
+            first_out = out
+        else:
+            print(f"   {_same(target, reqs, first_out, out)}")
         sec, calls, plans = collections.Counter(), collections.Counter(), collections.Counter()
 
         def timed_async(*a, _s=sec, _c=calls):
@@ -102,6 +107,26 @@ def main() -> None:
             nodes = sum(n * c for (_, n), c in plans.items())
             print(f"   drafting steps {steps}, drafted nodes {nodes} ({nodes / steps:.1f} a step)")
     rounds(configs, engines, reqs, int(os.environ.get("R", 0)))
+
+
+def _same(target, reqs, want, got) -> str:
+    """How many rows' output equals the first configuration's; where one differs, the
+    reference's top-two logit gap at the first difference (batched matmuls round by batch
+    shape: a near-tie may go either way, `benchmark.GAP_BUG`)."""
+    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+
+    same, gaps = 0, []
+    for (prompt, _), w, g in zip(reqs, want, got, strict=True):
+        if g.tokens == w.tokens:
+            same += 1
+        else:
+            j = first_difference(g.tokens, w.tokens)
+            gaps.append(top_gap(target, prompt, w.tokens[:j]))
+    listed = f"; gaps at the first difference {', '.join(f'{x:.3g}' for x in sorted(gaps))}"
+    near = sum(x < GAP_BUG for x in gaps)
+    return f"output: {same}/{len(want)} rows as the first configuration's" + (
+        f"{listed} ({near} of {len(gaps)} below {GAP_BUG})" if gaps else ""
+    )
 
 
 def _engine_kw(kw: dict) -> dict:

@@ -50,10 +50,12 @@ from .draft_length import (
     token_cost,
 )
 from .drafters.base import Draft, Drafter
+from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.suffix import Corpora
 from .loading import load_model
 from .metrics import RequestMetrics
 from .model import LoadedModel
+from .resident import Launched, ResidentLoop
 from .sampling import GenerationParams, adjust, choose, row_seed, token_logprobs
 from .scorer import Segment, check_supported, forward
 from .sequence import Sequence
@@ -137,6 +139,10 @@ class Engine:
             on the rows this engine finishes and swaps in versions that agree more on a
             held-out slice of them. With `adapter:L` and none stored it starts untrained.
             0 = no online learning.
+        resident: a batch whose one drafter is the feature head (`head`) and whose rows
+            are all greedy decodes drafts one token a row in a loop resident on the device
+            (resident.py): each step is queued before the previous one is read, as plain
+            decoding's are. Where `step_modes` is on, they weigh it against plain steps.
     """
 
     def __init__(
@@ -157,6 +163,7 @@ class Engine:
         step_modes: bool = True,
         progress: Callable[[str], None] = lambda s: None,
         learn: float = 0.0,
+        resident: bool = False,
     ):
         entry, arg = registry.parse(draft)
         if not 0 <= learn <= 1:
@@ -205,6 +212,7 @@ class Engine:
         self.pipeline = pipeline
         self.share_prefixes = share_prefixes
         self.step_modes = step_modes and k is None
+        self.resident = resident
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
@@ -310,6 +318,7 @@ class Batch:
         self._states = any(getattr(d, "reads_states", False) for d in self.drafters)
         self._done: list[Sequence] = []  # finished last step, results not yet built
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
+        self._loop: ResidentLoop | None = None  # the resident loop, while rows run it
         # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
@@ -380,7 +389,13 @@ class Batch:
 
     @property
     def idle(self) -> bool:
-        return not self.queue and self.active == 0 and not self._done and not self._lag
+        return (
+            not self.queue
+            and self.active == 0
+            and not self._done
+            and not self._lag
+            and self._loop is None
+        )
 
     def run(self) -> Iterator[GenerationResult]:
         """Step until every queued request has finished, yielding results as they do."""
@@ -409,10 +424,15 @@ class Batch:
 
     def _step(self) -> list[GenerationResult]:
         plain = not self.drafters or (self.modes is not None and self.modes.mode == "plain")
+        resident = not plain and self._resident_ok()
+        if self._loop is not None and not resident:
+            self._leave_loop()
         if plain and self.engine.pipeline and not self._needs_sync():
             self._mode = "plain"
             return self._step_plain()
         self._mode = "draft"
+        if resident:
+            return self._step_resident()
         if self._lag is not None:  # leaving double buffering: read the step in flight first
             rows, tokens = self._lag
             self._lag = None
@@ -560,6 +580,73 @@ class Batch:
         self.steps += 1
         return results
 
+    def _resident_ok(self) -> bool:
+        """Whether this step can run in the resident loop (Engine's `resident`)."""
+        if not self.engine.resident or len(self.drafters) != 1:
+            return False
+        head = self.drafters[0]
+        if not isinstance(head, FeatureHeadDrafter) or head.width != 1 or head.keep:
+            return False
+        rows = [s for s in self.rows if s is not None]
+        if not rows or self._admissible():
+            return False
+        return all(
+            s.decoding and s.params.greedy and not s.params.adjusts and not s.params.logprobs
+            for s in rows
+        )
+
+    def _step_resident(self) -> list[GenerationResult]:
+        """A step of the resident loop: the next one queued, then the one before it read
+        and committed while this one runs."""
+        if self._loop is None:  # entering: the head drafts the first tokens as usual
+            if self._lag is not None:
+                rows, tokens = self._lag
+                self._lag = None
+                self._commit_plain(rows, tokens.tolist())
+            decode = [s for s in self.rows if s is not None and s.decoding]
+            if not decode:
+                return self._results()
+            head = self.drafters[0]
+            draft = head.propose(decode, [1] * len(decode))
+            self._loop = ResidentLoop(self, head, decode, draft.tokens[:, 0])
+        prev = self._loop.launch()
+        results = self._results()
+        if prev is not None:
+            self._commit_loop(prev)  # the step's one sync
+        self.steps += 1
+        return results
+
+    def _commit_loop(self, step: Launched) -> None:
+        """Emit a loop step's tokens: each row's pending token's successor, and the one
+        after its draft where the draft was accepted."""
+        picks, accepted = step.picks.tolist(), step.accepted.tolist()
+        head = self.drafters[0]
+        B = sum(s is not None for s in step.rows)
+        finished = []
+        for j, s in enumerate(step.rows):
+            if s is None or s.finish_reason is not None:
+                continue  # not advanced, or finished meanwhile: computed for nothing
+            a = accepted[j]
+            for d in self.drafters:
+                s.stats[d.name].observe(1, a)
+            s.metrics.record_step(head.name, 1, a, 1 + a)
+            s.batch_rows += B
+            self.cache.lengths[s.slot] += 1 + a
+            head.cache.lengths[s.slot] += 1 + a
+            reason = self._emit(s, picks[j][: 1 + a], None)
+            if reason is not None:
+                finished.append((s, reason))
+        for s, reason in finished:
+            self._finish(s, reason)
+
+    def _leave_loop(self) -> None:
+        """Read and commit the loop's step in flight; the head reads on as after a verify."""
+        loop, self._loop = self._loop, None
+        step = loop.drain()
+        if step is not None:
+            self._commit_loop(step)
+            loop.hand_back(step)
+
     def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
         now = time.perf_counter()
         B = len(rows)
@@ -612,10 +699,21 @@ class Batch:
         self.rows = [None] * self.capacity
         self.queue.clear()
         self._done = []
+        self._loop = None
         self.cache = BatchKVCache(self.target.num_layers, self.capacity)
         self._draft_model_drafter = None
         self.drafters = self.engine.entry.build(self, self.engine.arg)
         return tags
+
+    def _admissible(self) -> bool:
+        """Whether `_admit` would take a queued request now."""
+        if not self.queue or all(r is not None for r in self.rows):
+            return False
+        if any(r is not None and r.isolate for r in self.rows):
+            return False
+        if self.queue[0].isolate and self.active:
+            return False
+        return self._fits(self.queue[0])
 
     def _admit(self) -> None:
         free = [i for i, r in enumerate(self.rows) if r is None]

@@ -62,6 +62,12 @@ class Segment:
         start_layer: the first layer run for these rows.
         logits: "all" = logits after every node, "last" = after each row's last node,
             "none" = no logits (K/V only: a prefill chunk that does not end the prompt).
+        base: (R,) int32 the rows' cache lengths on the device, used instead of the host's
+            `cache.lengths`: positions, write slots and the mask are then derived on the
+            device (the resident loop, resident.py, whose lengths the host learns a step
+            late). Chains of one node count only; `end` bounds where they end.
+        end: with `base`, an upper bound of base + node count over the rows (the read
+            width and the room reserved come from it).
     """
 
     rows: list[int]
@@ -72,6 +78,8 @@ class Segment:
     start_layer: int = 0
     logits: str = "all"
     min_w: int = 1  # attention's query count at least this (a fixed shape)
+    base: mx.array | None = None
+    end: int = 0
 
     @property
     def sizes(self) -> list[int]:
@@ -80,6 +88,12 @@ class Segment:
     @property
     def n(self) -> int:
         return sum(len(t) for t in self.tokens)
+
+    def reach(self, lengths: np.ndarray) -> int:
+        """Where its furthest row ends in the cache (`lengths`: the host's, per slot)."""
+        if self.base is not None:
+            return self.end
+        return int((lengths[self.rows] + self.sizes).max())
 
     def depth(self) -> list[np.ndarray]:
         """Per row, each node's depth (the root's is 0)."""
@@ -109,7 +123,7 @@ class _Plan:
     tok_rows: mx.array  # (N,) cache row of each packed token
     tok_slots: mx.array  # (N,) cache slot of each packed token
     tok_rows_np: np.ndarray  # the same two on the host
-    tok_slots_np: np.ndarray
+    tok_slots_np: np.ndarray | None  # (None: derived on the device, `Segment.base`)
     positions: mx.array  # (N,) RoPE position of each packed token
     unpack: mx.array | None  # (Q * W,) packed index per padded position (None: identity)
     pack: mx.array | None  # (N,) padded index per packed token (None: identity)
@@ -121,6 +135,8 @@ LONG = 16  # query counts above this (prompt chunks) are padded like the key rea
 
 
 def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
+    if seg.base is not None:
+        return _device_plan(cache, seg, offset)
     R, w = len(seg.rows), max(max(seg.sizes), seg.min_w)
     if w > LONG:  # CUDA: a few query counts, not one per prompt length
         w = bucket(w, cache.pad)
@@ -199,6 +215,38 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
     )
 
 
+def _device_plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
+    """`_plan` for a segment whose lengths live on the device (`Segment.base`): every row
+    a chain of the same node count; node t of a row sits at its length + t and sees keys
+    up to its own position."""
+    w = seg.sizes[0]
+    if seg.parents is not None or any(n != w for n in seg.sizes) or w < seg.min_w:
+        raise ValueError("a segment with device lengths holds chains of one node count")
+    R = len(seg.rows)
+    width = cache.read_width(seg.end)
+    at = seg.base.astype(mx.int32)[:, None] + mx.arange(w, dtype=mx.int32)[None, :]  # (R, w)
+    mask = mx.arange(width, dtype=mx.int32)[None, None, :] <= at[:, :, None]  # (R, w, width)
+    tok_rows = np.repeat(np.asarray(seg.rows, np.int32), w)
+    hi = int(max(seg.rows)) + 1
+    return _Plan(
+        seg=seg,
+        offset=offset,
+        width=width,
+        w=w,
+        rows_all=list(seg.rows) == list(range(hi)),
+        q_rows=R,
+        rows=mx.array(np.asarray(seg.rows, dtype=np.int32)),
+        tok_rows=mx.array(tok_rows),
+        tok_slots=at.reshape(-1),
+        tok_rows_np=tok_rows,
+        tok_slots_np=None,
+        positions=at.reshape(-1),
+        unpack=None,
+        pack=None,
+        mask=mask[:, None],
+    )
+
+
 def _rope(rope: nn.Module, x: mx.array, positions: mx.array) -> mx.array:
     """The model's RoPE on packed (N, H, D) at per-token positions (N,)."""
     N, H, D = x.shape
@@ -211,6 +259,8 @@ def _writes(plans: list[_Plan]) -> tuple[mx.array, mx.array, mx.array | None]:
     starts) keeps the later segment's token, as writing segment by segment would."""
     if len(plans) == 1:
         return plans[0].tok_rows, plans[0].tok_slots, None
+    if any(p.tok_slots_np is None for p in plans):
+        raise ValueError("a segment with device lengths runs alone in its forward")
     rows = np.concatenate([p.tok_rows_np for p in plans])
     slots = np.concatenate([p.tok_slots_np for p in plans])
     key = rows.astype(np.int64) * (1 << 32) + slots
@@ -297,7 +347,7 @@ def forward(
     layers = model.model.layers
     stop = len(layers) if stop is None else stop
     order = sorted(range(len(segments)), key=lambda j: segments[j].start_layer)
-    cache.reserve(max(int((cache.lengths[s.rows] + s.sizes).max()) for s in segments))
+    cache.reserve(max(s.reach(cache.lengths) for s in segments))
     plans: dict[int, _Plan] = {}
     h = None
     offset = 0

@@ -53,3 +53,33 @@ def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkey
             eng = Engine(smollm2, draft="adapter:6", k=k, surface=FLAT, batch_size=1)
             got = eng.generate(prompt, params)
             assert got.tokens == want.tokens, k
+
+
+def test_the_heads_resident_loop_is_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):
+    """The head's resident loop (core/engine/resident.py) on the real model: alone, token
+    for token plain greedy; in a batch, each row equals its single-row output or differs
+    first at a near-tie of it (batched matmuls round by batch shape)."""
+    import json
+
+    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.engine.costs import surface_path
+    from tests.engine.conftest import store_head
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    kept = surface_path(smollm2.model, smollm2.weight_format)  # (the answers need no timing)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps(FLAT.to_json()))
+    chats = [smollm2.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    store_head(smollm2, tokens=600, prompts=chats)
+    reqs = [(p, GenerationParams(max_tokens=32)) for p in [*chats, *chats[:2]]]
+    plain = Engine(smollm2, draft="none", surface=FLAT, batch_size=1)
+    want = [plain.generate(p, q).tokens for p, q in reqs]
+    alone = Engine(smollm2, draft="head", surface=FLAT, batch_size=1, resident=True)
+    assert [alone.generate(p, q).tokens for p, q in reqs[:2]] == want[:2]
+    batched = Engine(smollm2, draft="head", surface=FLAT, batch_size=4, resident=True)
+    got = batched.generate_many(reqs)  # six rows through four: the loop is left to admit
+    assert sum(r.speculative["draft_tokens"] for r in got) > 0
+    for (prompt, _), w, g in zip(reqs, want, got, strict=True):
+        if g.tokens != w:
+            j = first_difference(g.tokens, w)
+            assert top_gap(smollm2, prompt, w[:j]) < GAP_BUG, j

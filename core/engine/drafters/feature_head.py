@@ -198,6 +198,15 @@ class FeatureHeadDrafter:
         out = forward(model, cache, [seg], stop=1, blocks={0: self.adapter.block.block})[0]
         return out[mx.array(last.astype(np.int32))]
 
+    def next_tokens(self, pred: mx.array) -> mx.array:
+        """(R, D) predicted states -> (R,) int32 the head's likeliest token after each (a
+        greedy row's draft)."""
+        model = self.target.model
+        if self.adapter.vocab is None:
+            return mx.argmax(draft_logits(model, self.adapter, pred), axis=-1).astype(mx.int32)
+        best = mx.argmax(reduced_logits(model, self.adapter, pred), axis=-1)
+        return self.adapter.vocab[best].astype(mx.int32)
+
     def chances(self, seqs, draft: Draft) -> list[list[float]]:
         """Each chain node's chance of being accepted with all before it, from the head's
         probability of its token calibrated by what this head's tokens of that probability

@@ -1,0 +1,146 @@
+"""The feature head's one-token drafting loop, resident on the device.
+
+A drafting step normally reads its accepted tokens back before the host can build the next
+step: acceptance decides each row's cache length, its next pending token and the state the
+next draft starts from. That gives up the double buffering plain decoding has
+(`Batch._step_plain`: step n + 1 is queued before step n is read), and on a GPU running a
+small model a step that waits for its predecessor pays the whole launch latency that plain
+steps hide.
+
+With one draft token a row from the feature head (drafters/feature_head.py), everything
+acceptance decides can stay on the device. Each row's cache lengths (the target's and the
+head's) are device arrays; a step
+
+- verifies [pending, draft] at positions length + (0, 1): positions, write slots and the
+  mask are derived on the device (`Segment.base`);
+- accepts a = (draft == the target's token after pending): greedy rows only, so the
+  acceptance is exact and output is plain greedy's;
+- advances both lengths by 1 + a; the next pending token is the target's token after the
+  last accepted node;
+- runs the head's block over the step's two pairs (h_p, x_{p+1}) and drafts the next token
+  from the prediction after pair a. A rejected draft's entries (the target's at length + 1,
+  the head's second pair) lie past the new lengths: masked, and overwritten by the next step.
+
+The host builds step n + 1 before it reads step n: it needs only an upper bound of the
+lengths (those it has read, plus two a step in flight) for the read widths. It then commits
+step n's tokens while n + 1 runs. A row that finished in step n runs in step n + 1 for
+nothing (its tokens are dropped); a row the host knows will have reached its max_tokens is
+not advanced. Admission, prefill and every other kind of step leave the loop first
+(`Batch._leave_loop`): the step in flight is read, and the head is handed the state of each
+row's last position to read again, as after any verify step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from .scorer import Segment, forward
+from .sequence import Sequence
+from .states import Span
+
+
+@dataclass
+class Launched:
+    """One loop step queued on the device, read back a step later."""
+
+    rows: list[Sequence | None]  # per segment row: its sequence (None: not advanced)
+    picks: mx.array  # (R, 2) int32 the target's token after pending and after the draft
+    accepted: mx.array  # (R,) int32 1 where the draft was the target's token
+    last: mx.array  # (R, D) the target's state at each row's last accepted node
+
+
+class ResidentLoop:
+    """The device state of a batch's rows while they run the loop (module docstring).
+
+    Args:
+        batch: the batch whose rows run it (its target cache and capacity).
+        head: the batch's feature-head drafter (width 1).
+        rows: the decoding rows, each with its pending token read by the head.
+        draft: (len(rows),) int32 the head's draft token after each row's pending token.
+    """
+
+    def __init__(self, batch, head, rows: list[Sequence], draft: mx.array):
+        self.batch, self.head = batch, head
+        cap = batch.capacity
+        slots = np.array([s.slot for s in rows], np.int32)
+        self.target_len = mx.array(batch.cache.lengths.astype(np.int32))  # (cap,)
+        self.head_len = mx.array(head.cache.lengths.astype(np.int32))  # (cap,)
+        pending = np.zeros(cap, np.int32)
+        pending[slots] = [s.pending for s in rows]
+        self.pending = mx.array(pending)  # (cap,) each slot's pending token
+        self.draft = mx.zeros((cap,), mx.int32)  # (cap,) each slot's draft after it
+        self.draft[mx.array(slots)] = draft.astype(mx.int32)
+        self.in_flight: Launched | None = None
+
+    def launch(self) -> Launched | None:
+        """Queue the next step for the batch's live rows, if any would advance; the step
+        queued before it (to commit now: it runs or has run ahead of this one), if any."""
+        prev, self.in_flight = self.in_flight, None
+        self.in_flight = self._queue(ahead=2 if prev is not None else 0)
+        return prev
+
+    def _queue(self, ahead: int) -> Launched | None:
+        """`ahead`: positions the unread step may still add to a row."""
+        b = self.batch
+        live = {}
+        for s in b.rows:
+            if s is None or s.finish_reason is not None:
+                continue
+            if len(s.output) + ahead // 2 < s.max_tokens:  # else it has surely finished
+                live[s.slot] = s
+        if not live:
+            return None
+        # On CUDA (a padded cache) every slot takes part in slot order, so the step meets
+        # one shape; elsewhere only the live rows run.
+        slots = list(range(b.capacity)) if b.cache.pad > 1 else sorted(live)
+        seqs = [live.get(i) for i in slots]
+        on = mx.array(np.array([s is not None for s in seqs], np.int32))  # (R,)
+        sl = mx.array(np.asarray(slots, np.int32))
+        R = len(slots)
+        hosts = [s.slot for s in live.values()]
+        t_end = int(b.cache.lengths[hosts].max()) + ahead + 2
+        h_end = int(self.head.cache.lengths[hosts].max()) + ahead + 2
+        base = self.target_len[sl] * on  # (R,) a row not advanced writes at 0, 1 (unread)
+        draft = self.draft[sl]
+        ids = mx.stack([self.pending[sl], draft], axis=1).reshape(-1)  # (2R,)
+        nodes = [[0, 0]] * R
+        states: list = []
+        seg = Segment(slots, nodes, ids=ids, base=base, end=t_end)
+        logits = forward(b.target.model, b.cache, [seg], states=states)[0]  # (2R, V)
+        picks = mx.argmax(logits, axis=-1).astype(mx.int32).reshape(R, 2)
+        accepted = (picks[:, 0] == draft).astype(mx.int32) * on  # (R,)
+        step = (1 + accepted) * on
+        h = states[0]  # (2R, D) the target's states at pending and at the draft
+        model, fh = b.target.model, self.head.adapter.block
+        hbase = self.head_len[sl] * on
+        x = fh.fuse(model, h, picks.reshape(-1))  # the pairs (h_p, x_{p+1}) of both nodes
+        hseg = Segment(slots, nodes, hidden=x, base=hbase, end=h_end)
+        out = forward(model, self.head.cache, [hseg], stop=1, blocks={0: fh.block})[0]
+        last = mx.arange(R, dtype=mx.int32) * 2 + accepted  # (R,) each row's last pair
+        self.draft[sl] = self.head.next_tokens(out[last])
+        self.pending[sl] = mx.take_along_axis(picks, accepted[:, None], axis=1)[:, 0]
+        self.target_len[sl] = base + step
+        self.head_len[sl] = hbase + step
+        launched = Launched(seqs, picks, accepted, h[last])
+        mx.async_eval(
+            picks, accepted, launched.last, self.draft, self.pending, self.target_len, self.head_len
+        )
+        return launched
+
+    def drain(self) -> Launched | None:
+        """The step still in flight (to commit before the loop ends), if any."""
+        prev, self.in_flight = self.in_flight, None
+        return prev
+
+    def hand_back(self, step: Launched | None) -> None:
+        """The loop ends after `step` (committed): each live row's head reads its last pair
+        again from the target's state there (`Sequence.states`), as after a verify step."""
+        if step is None:
+            return
+        for j, s in enumerate(step.rows):
+            if s is not None and s.finish_reason is None:
+                self.head.cache.lengths[s.slot] = len(s.output) - 1
+                s.states = [Span(step.last, j, 1)]

@@ -1,0 +1,125 @@
+"""The feature head's resident loop (core/engine/resident.py) is lossless: every row's greedy
+output equals plain greedy decoding of that row alone, with rows joining (the loop left and
+entered again), finishing at max_tokens, at EOS and at a stop string a step before the host
+reads it, beside plain steps (step modes) and with CUDA's padded all-slot layout."""
+
+import pytest
+
+from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.generate import Batch
+from tests.engine.conftest import store_head
+from tests.engine.test_adapters import WORKLOAD
+
+FLAT = CostSurface.flat()
+
+
+def _plain(target, reqs):
+    eng = Engine(target, draft="none", surface=FLAT, batch_size=1)
+    return [eng.generate(p, q).tokens for p, q in reqs]
+
+
+def _counted(monkeypatch):
+    """Counts of the batch's resident steps and loop entries, as they run."""
+    seen = {"steps": 0, "entries": 0, "plain": 0}
+    step, plain = Batch._step_resident, Batch._step_plain
+
+    def counted_step(self):
+        seen["entries"] += self._loop is None
+        seen["steps"] += 1
+        return step(self)
+
+    def counted_plain(self):
+        seen["plain"] += 1
+        return plain(self)
+
+    monkeypatch.setattr(Batch, "_step_resident", counted_step)
+    monkeypatch.setattr(Batch, "_step_plain", counted_plain)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "pad,vocab,modes", [("0", None, False), ("8", None, False), ("8", 40, False), ("0", None, True)]
+)
+def test_resident_greedy_output_is_plain_greedy(
+    make_tiny, adapter_home, tmp_path, monkeypatch, pad, vocab, modes
+):
+    """Seven requests through three rows: the loop runs, is left for each admission and
+    entered again; every output is plain greedy's. Its drafts are the head's: their share
+    accepted is about that of the host-synced steps' one-token drafts (the tiny head with
+    a 40-token draft vocabulary has none accepted either way)."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
+    monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
+    target = make_tiny(3)
+    store_head(target, vocab=vocab)
+    seen = _counted(monkeypatch)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=9 + 5 * i))
+        for i, p in enumerate(WORKLOAD[:7])
+    ]
+    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=modes)
+    out = eng.generate_many(reqs)
+    seen = dict(seen)  # (not the plain runs below)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    if modes:  # plain steps (the step modes' trials) and loop steps, in turn
+        assert seen["steps"] > 3 and seen["plain"] > 3
+    else:
+        assert seen["steps"] > 20 and seen["entries"] >= 2 and seen["plain"] == 0
+    spec = [r.speculative for r in out]
+    assert all(s["accepted_tokens"] <= s["draft_tokens"] for s in spec)
+    host = Engine(target, draft="head", surface=FLAT, batch_size=3, k=1).generate_many(reqs)
+    accepted = sum(s["accepted_tokens"] for s in spec)
+    rate = accepted / sum(s["draft_tokens"] for s in spec)
+    synced = [r.speculative for r in host]
+    synced_rate = sum(s["accepted_tokens"] for s in synced) / sum(s["draft_tokens"] for s in synced)
+    assert (rate > 0.8 * synced_rate > 0.1) if vocab is None else (accepted == synced_rate == 0)
+    assert sum(len(r.tokens) for r in out) <= sum(
+        s["verify_steps"] + s["accepted_tokens"] + 1 for s in spec
+    )
+
+
+def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
+    make_tiny, adapter_home, monkeypatch
+):
+    """Rows that end at EOS or a stop string end where plain greedy ends them, though the
+    loop ran them a step further before the host read their tokens."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    prompts = [target.encode_prompt(p) for p in WORKLOAD[:3]]
+    free = _plain(target, [(p, GenerationParams(max_tokens=30)) for p in prompts])
+    # EOS: a token of the first row's answer that the last row's first 14 tokens lack; a
+    # stop string: two of the last row's tokens before that.
+    eos = next(t for t in free[0][4:] if t not in free[2][:14])
+    stop = target.decode(free[2][10:12])
+    monkeypatch.setattr(LoadedModel, "eos_token_ids", property(lambda self: {eos}))
+    reqs = [(p, GenerationParams(max_tokens=30, stop=[stop])) for p in prompts]
+    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True)
+    seen = _counted(monkeypatch)
+    got = eng.generate_many(reqs)
+    want = Engine(target, draft="none", surface=FLAT, batch_size=1)
+    for r, (p, q) in zip(got, reqs, strict=True):
+        w = want.generate(p, q)
+        assert (r.tokens, r.text, r.finish_reason) == (w.tokens, w.text, w.finish_reason)
+    assert got[0].finish_reason == "stop" and len(got[0].tokens) < len(free[0])
+    assert got[2].finish_reason == "stop" and stop in target.decode(got[2].tokens)
+    assert stop not in got[2].text  # cut where the stop string begins
+    assert seen["steps"] > 3
+
+
+def test_sampled_rows_and_other_drafters_do_not_run_the_loop(make_tiny, adapter_home, monkeypatch):
+    """A sampled row keeps the host-synced drafting steps (its token's uniforms come from
+    its position, which the loop knows only on the device); so does a drafter other than
+    the head alone."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    seen = _counted(monkeypatch)
+    p = target.encode_prompt(WORKLOAD[0])
+    sampled = GenerationParams(max_tokens=12, temperature=0.8, seed=3)
+    eng = Engine(target, draft="head", surface=FLAT, batch_size=2, resident=True)
+    r = eng.generate(p, sampled)
+    assert r.tokens == Engine(target, draft="none", surface=FLAT).generate(p, sampled).tokens
+    Engine(target, draft="ngram", surface=FLAT, batch_size=2, resident=True).generate(
+        p, GenerationParams(max_tokens=12)
+    )
+    assert seen["steps"] == 0
