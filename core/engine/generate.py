@@ -140,7 +140,8 @@ class Engine:
             held-out slice of them. With `adapter:L` and none stored it starts untrained.
             0 = no online learning.
         resident: a batch whose one drafter is the feature head (`head`) and whose rows
-            are all greedy decodes drafts one token a row in a loop resident on the device
+            ask for no penalties, biases or log-probabilities drafts one token a row in a
+            loop resident on the device
             (resident.py): each step is queued before the previous one is read, as plain
             decoding's are. Where `step_modes` is on, they weigh it against plain steps.
     """
@@ -590,10 +591,7 @@ class Batch:
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
             return False
-        return all(
-            s.decoding and s.params.greedy and not s.params.adjusts and not s.params.logprobs
-            for s in rows
-        )
+        return all(s.decoding and not s.params.adjusts and not s.params.logprobs for s in rows)
 
     def _step_resident(self) -> list[GenerationResult]:
         """A step of the resident loop: the next one queued, then the one before it read

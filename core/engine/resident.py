@@ -13,8 +13,10 @@ head's) are device arrays; a step
 
 - verifies [pending, draft] at positions length + (0, 1): positions, write slots and the
   mask are derived on the device (`Segment.base`);
-- accepts a = (draft == the target's token after pending): greedy rows only, so the
-  acceptance is exact and output is plain greedy's;
+- accepts a = (draft == the target's token after pending), that token the argmax for a
+  greedy row and for a sampled one the draw of its seed's uniform at that position,
+  computed on the device (`sampling.device_uniforms`), so output is plain decoding's token
+  for token either way;
 - advances both lengths by 1 + a; the next pending token is the target's token after the
   last accepted node;
 - runs the head's block over the step's two pairs (h_p, x_{p+1}) and drafts the next token
@@ -37,9 +39,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .sampling import GenerationParams, choose
 from .scorer import Segment, forward
 from .sequence import Sequence
 from .states import Span
+
+IDLE = GenerationParams()  # a slot no live row holds decodes greedily (its tokens are dropped)
 
 
 @dataclass
@@ -110,7 +115,15 @@ class ResidentLoop:
         states: list = []
         seg = Segment(slots, nodes, ids=ids, base=base, end=t_end)
         logits = forward(b.target.model, b.cache, [seg], states=states)[0]  # (2R, V)
-        picks = mx.argmax(logits, axis=-1).astype(mx.int32).reshape(R, 2)
+        params = [IDLE if s is None else s.params for s in seqs]
+        seeds = np.array([0 if s is None else s.seed for s in seqs], np.uint32)
+        greedy = all(p.greedy for p in params)
+        if greedy:
+            picks = mx.argmax(logits, axis=-1).astype(mx.int32).reshape(R, 2)
+        else:  # the token after node t sits at position base + t + 1
+            at = (base[:, None] + mx.arange(1, 3, dtype=mx.int32)[None, :]).reshape(-1)
+            two = [p for p in params for _ in range(2)]
+            picks = choose(logits, two, np.repeat(seeds, 2), at).reshape(R, 2)
         accepted = (picks[:, 0] == draft).astype(mx.int32) * on  # (R,)
         step = (1 + accepted) * on
         h = states[0]  # (2R, D) the target's states at pending and at the draft
@@ -120,7 +133,10 @@ class ResidentLoop:
         hseg = Segment(slots, nodes, hidden=x, base=hbase, end=h_end)
         out = forward(model, self.head.cache, [hseg], stop=1, blocks={0: fh.block})[0]
         last = mx.arange(R, dtype=mx.int32) * 2 + accepted  # (R,) each row's last pair
-        self.draft[sl] = self.head.next_tokens(out[last])
+        if greedy:
+            self.draft[sl] = self.head.next_tokens(out[last])
+        else:  # the draft follows the new pending token: position base + step + 1
+            self.draft[sl] = self.head.next_tokens(out[last], params, seeds, base + step + 1)
         self.pending[sl] = mx.take_along_axis(picks, accepted[:, None], axis=1)[:, 0]
         self.target_len[sl] = base + step
         self.head_len[sl] = hbase + step

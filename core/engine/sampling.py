@@ -113,12 +113,27 @@ def position_uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return ((x >> np.uint32(8)).astype(np.float64) * 2.0**-24).astype(np.float32)
 
 
-def _lowbias32(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(0x7FEB352D)
-    x = x ^ (x >> np.uint32(15))
-    x = x * np.uint32(0x846CA68B)
-    return x ^ (x >> np.uint32(16))
+def device_uniforms(seeds: mx.array, positions: mx.array) -> mx.array:
+    """`position_uniforms` computed on the device, bit for bit (uint32 arithmetic wraps
+    alike): for positions the host does not know yet (the resident loop's)."""
+    x = seeds.astype(mx.uint32) ^ _lowbias32(
+        positions.astype(mx.uint32) * mx.array(0x9E3779B9, mx.uint32)
+    )
+    x = _lowbias32(x)
+    return (x >> 8).astype(mx.float32) * (2.0**-24)
+
+
+def _lowbias32(x):
+    """The lowbias32 integer hash of uint32 `x` (a numpy or an MLX array)."""
+    if isinstance(x, mx.array):
+        k1, k2 = mx.array(0x7FEB352D, mx.uint32), mx.array(0x846CA68B, mx.uint32)
+    else:
+        k1, k2 = np.uint32(0x7FEB352D), np.uint32(0x846CA68B)
+    x = x ^ (x >> 16)
+    x = x * k1
+    x = x ^ (x >> 15)
+    x = x * k2
+    return x ^ (x >> 16)
 
 
 def adjust(logits: mx.array, adjustments: list[tuple[int, int, float]]) -> mx.array:
@@ -157,9 +172,10 @@ def choose(
     logits: mx.array,
     params: list[GenerationParams],
     seeds: np.ndarray,
-    positions: np.ndarray,
+    positions: np.ndarray | mx.array,
 ) -> mx.array:
-    """(M, V) logits -> (M,) the token each row's target distribution puts at `positions`.
+    """(M, V) logits -> (M,) the token each row's target distribution puts at `positions`
+    (host positions, or device ones: `device_uniforms`).
 
     Greedy rows take the argmax. Sampled rows draw from their target distribution by an
     exponential race seeded by (request seed, position) (`kernels.verify.choose`): the token
@@ -174,7 +190,10 @@ def choose(
     out = mx.argmax(logits, axis=-1).astype(mx.int32)
     groups = param_groups(params)
     for p, idx in groups:
-        u = mx.array(position_uniforms(seeds[idx], positions[idx]))
+        if isinstance(positions, mx.array):
+            u = device_uniforms(mx.array(seeds[idx]), positions[mx.array(idx)])
+        else:
+            u = mx.array(position_uniforms(seeds[idx], positions[idx]))
         rows = mx.array(idx) if len(idx) < len(params) else None
         lp = log_target(logits if rows is None else logits[rows], p)
         drawn = kernel_choose(lp[None], u[None])[0]

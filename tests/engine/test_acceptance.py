@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from core.engine.acceptance import walk
-from core.engine.sampling import GenerationParams, choose, log_target, position_uniforms
+from core.engine.sampling import (
+    GenerationParams,
+    choose,
+    device_uniforms,
+    log_target,
+    position_uniforms,
+)
 
 
 def chi_square_ok(counts, probs, n, alpha_z=5.0):
@@ -91,6 +97,14 @@ def test_sampled_choices_follow_the_target_distribution(params):
     assert counts[target == 0].sum() == 0  # filtered tokens are never drawn
     stat, bound = chi_square_ok(counts.astype(float), target, n)
     assert stat < bound, (stat, bound)
+
+
+def test_device_uniforms_are_the_hosts_bit_for_bit():
+    rng = np.random.default_rng(0)
+    seeds = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    pos = rng.integers(0, 1 << 20, 20000)
+    got = np.array(device_uniforms(mx.array(seeds), mx.array(pos.astype(np.int32))))
+    assert np.array_equal(got, position_uniforms(seeds, pos))
 
 
 def test_position_uniforms_are_uniform_and_24_bit():

@@ -1,5 +1,6 @@
 """The feature head's resident loop (core/engine/resident.py) is lossless: every row's greedy
-output equals plain greedy decoding of that row alone, with rows joining (the loop left and
+output equals plain greedy decoding of that row alone and every sampled row's plain seeded
+sampling's, with rows joining (the loop left and
 entered again), finishing at max_tokens, at EOS and at a stop string a step before the host
 reads it, beside plain steps (step modes) and with CUDA's padded all-slot layout."""
 
@@ -106,19 +107,57 @@ def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
     assert seen["steps"] > 3
 
 
-def test_sampled_rows_and_other_drafters_do_not_run_the_loop(make_tiny, adapter_home, monkeypatch):
-    """A sampled row keeps the host-synced drafting steps (its token's uniforms come from
-    its position, which the loop knows only on the device); so does a drafter other than
-    the head alone."""
+@pytest.mark.parametrize("pad", ["0", "8"])
+def test_sampled_rows_in_the_loop_draw_plain_seeded_samplings_tokens(
+    make_tiny, adapter_home, monkeypatch, pad
+):
+    """Sampled rows beside greedy ones: the loop draws each row's tokens with its seed's
+    uniform at each position, computed on the device, so every row's output is plain
+    decoding's token for token (seeded sampling is a function of seed, prefix and
+    position)."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
+    target = make_tiny(3)
+    store_head(target)
+    seen = _counted(monkeypatch)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=16 + 3 * i, **kw))
+        for i, (p, kw) in enumerate(
+            zip(
+                WORKLOAD[:5],
+                [
+                    {"temperature": 0.8, "seed": 3},
+                    {},
+                    {"temperature": 1.0, "top_p": 0.9, "seed": 11},
+                    {"temperature": 0.5, "top_k": 5, "seed": 7},
+                    {"temperature": 0.8, "seed": 4},
+                ],
+                strict=True,
+            )
+        )
+    ]
+    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False)
+    out = eng.generate_many(reqs)
+    seen = dict(seen)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert seen["steps"] > 20
+    assert sum(r.speculative["accepted_tokens"] for r in out[:1] + out[2:]) > 0
+
+
+def test_rows_asking_for_logprobs_and_other_drafters_do_not_run_the_loop(
+    make_tiny, adapter_home, monkeypatch
+):
+    """A row asking for log-probabilities (read for every token on the host) keeps the
+    host-synced drafting steps; so does a drafter other than the head alone."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     target = make_tiny(3)
     store_head(target)
     seen = _counted(monkeypatch)
     p = target.encode_prompt(WORKLOAD[0])
-    sampled = GenerationParams(max_tokens=12, temperature=0.8, seed=3)
+    asked = GenerationParams(max_tokens=12, logprobs=True)
     eng = Engine(target, draft="head", surface=FLAT, batch_size=2, resident=True)
-    r = eng.generate(p, sampled)
-    assert r.tokens == Engine(target, draft="none", surface=FLAT).generate(p, sampled).tokens
+    r = eng.generate(p, asked)
+    assert r.tokens == Engine(target, draft="none", surface=FLAT).generate(p, asked).tokens
     Engine(target, draft="ngram", surface=FLAT, batch_size=2, resident=True).generate(
         p, GenerationParams(max_tokens=12)
     )

@@ -198,10 +198,13 @@ class FeatureHeadDrafter:
         out = forward(model, cache, [seg], stop=1, blocks={0: self.adapter.block.block})[0]
         return out[mx.array(last.astype(np.int32))]
 
-    def next_tokens(self, pred: mx.array) -> mx.array:
-        """(R, D) predicted states -> (R,) int32 the head's likeliest token after each (a
-        greedy row's draft)."""
+    def next_tokens(self, pred: mx.array, params=None, seeds=None, positions=None) -> mx.array:
+        """(R, D) predicted states -> (R,) int32 the head's token after each: its likeliest
+        (greedy rows: `params` None), else drawn by `sampling.choose` with the rows'
+        `params`, `seeds` and the tokens' (device) `positions`, as `propose` draws them."""
         model = self.target.model
+        if params is not None:
+            return choose(draft_logits(model, self.adapter, pred), params, seeds, positions)
         if self.adapter.vocab is None:
             return mx.argmax(draft_logits(model, self.adapter, pred), axis=-1).astype(mx.int32)
         best = mx.argmax(reduced_logits(model, self.adapter, pred), axis=-1)
