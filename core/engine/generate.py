@@ -586,7 +586,7 @@ class Batch:
         if not self.engine.resident or len(self.drafters) != 1:
             return False
         head = self.drafters[0]
-        if not isinstance(head, FeatureHeadDrafter) or head.width != 1 or head.keep:
+        if not isinstance(head, FeatureHeadDrafter) or head.width != 1:
             return False
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
@@ -614,9 +614,12 @@ class Batch:
         self.steps += 1
         return results
 
-    def _commit_loop(self, step: Launched) -> None:
+    def _commit_loop(self, step: Launched, last: bool = False) -> None:
         """Emit a loop step's tokens: each row's pending token's successor, and the one
-        after its draft where the draft was accepted."""
+        after its draft where the draft was accepted. The states of the positions it
+        committed are the pairs the head read in the loop (kept when it learns); `last`
+        (the loop ends) hands the head each row's last one to read again, as after a
+        verify step."""
         picks, accepted = step.picks.tolist(), step.accepted.tolist()
         head = self.drafters[0]
         B = sum(s is not None for s in step.rows)
@@ -631,6 +634,13 @@ class Batch:
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + a
             head.cache.lengths[s.slot] += 1 + a
+            read = [Span(step.states, 2 * j, 1 + a)]
+            if last:
+                read = [Span(step.states, 2 * j, a)] if a else []
+                s.states = [Span(step.states, 2 * j + a, 1)]
+                head.cache.lengths[s.slot] -= 1
+            if head.keep:
+                head.keep_read(s, read)
             reason = self._emit(s, picks[j][: 1 + a], None)
             if reason is not None:
                 finished.append((s, reason))
@@ -639,11 +649,10 @@ class Batch:
 
     def _leave_loop(self) -> None:
         """Read and commit the loop's step in flight; the head reads on as after a verify."""
-        loop, self._loop = self._loop, None
-        step = loop.drain()
+        step = self._loop.drain()
+        self._loop = None
         if step is not None:
-            self._commit_loop(step)
-            loop.hand_back(step)
+            self._commit_loop(step, last=True)
 
     def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
         now = time.perf_counter()

@@ -29,7 +29,8 @@ step n's tokens while n + 1 runs. A row that finished in step n runs in step n +
 nothing (its tokens are dropped); a row the host knows will have reached its max_tokens is
 not advanced. Admission, prefill and every other kind of step leave the loop first
 (`Batch._leave_loop`): the step in flight is read, and the head is handed the state of each
-row's last position to read again, as after any verify step.
+row's last position to read again, as after any verify step. A learning head (online
+learning) keeps the states of every position the loop committed, as its `propose` does.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import numpy as np
 from .sampling import GenerationParams, choose
 from .scorer import Segment, forward
 from .sequence import Sequence
-from .states import Span
 
 IDLE = GenerationParams()  # a slot no live row holds decodes greedily (its tokens are dropped)
 
@@ -54,7 +54,7 @@ class Launched:
     rows: list[Sequence | None]  # per segment row: its sequence (None: not advanced)
     picks: mx.array  # (R, 2) int32 the target's token after pending and after the draft
     accepted: mx.array  # (R,) int32 1 where the draft was the target's token
-    last: mx.array  # (R, D) the target's state at each row's last accepted node
+    states: mx.array  # (2R, D) the target's last-layer states at pending and at the draft
 
 
 class ResidentLoop:
@@ -140,23 +140,11 @@ class ResidentLoop:
         self.pending[sl] = mx.take_along_axis(picks, accepted[:, None], axis=1)[:, 0]
         self.target_len[sl] = base + step
         self.head_len[sl] = hbase + step
-        launched = Launched(seqs, picks, accepted, h[last])
-        mx.async_eval(
-            picks, accepted, launched.last, self.draft, self.pending, self.target_len, self.head_len
-        )
+        launched = Launched(seqs, picks, accepted, h)
+        mx.async_eval(picks, accepted, h, self.draft, self.pending, self.target_len, self.head_len)
         return launched
 
     def drain(self) -> Launched | None:
         """The step still in flight (to commit before the loop ends), if any."""
         prev, self.in_flight = self.in_flight, None
         return prev
-
-    def hand_back(self, step: Launched | None) -> None:
-        """The loop ends after `step` (committed): each live row's head reads its last pair
-        again from the target's state there (`Sequence.states`), as after a verify step."""
-        if step is None:
-            return
-        for j, s in enumerate(step.rows):
-            if s is not None and s.finish_reason is None:
-                self.head.cache.lengths[s.slot] = len(s.output) - 1
-                s.states = [Span(step.last, j, 1)]

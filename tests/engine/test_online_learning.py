@@ -13,6 +13,7 @@ from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
 from core.engine.adapters import AdapterError, new_adapter
 from core.engine.adapters.head import new_head_adapter
 from core.engine.adapters.online import OnlineLearner
+from core.engine.resident import ResidentLoop
 from core.engine.tiny import tiny_model
 
 FLAT = CostSurface.flat()
@@ -36,12 +37,13 @@ def _acceptance(results) -> float:
 UNTRAINED = {"adapter:1": lambda m: new_adapter(m, 1), "head": new_head_adapter}
 
 
-@pytest.mark.parametrize("draft", list(UNTRAINED))
+@pytest.mark.parametrize("draft", [*UNTRAINED, "head-resident"])
 @pytest.mark.parametrize("weights", ["float32", "float16-quantized"])
 def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, draft, make_tiny):
     """`float16-quantized` is what a GPU worker runs (GGUF weights kept quantized, float16
     activations): the block trains in float32 there, or Adam learns nothing. `head`: a
-    feature head, untrained when the job starts (nothing stored), learns from the job."""
+    feature head, untrained when the job starts (nothing stored), learns from the job;
+    `head-resident` drafts in the resident loop (one token a row) while it learns."""
     target = make_tiny(3)
     if weights != "float32":
         model = tiny_model(3)
@@ -50,7 +52,18 @@ def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, draft
         target = LoadedModel("tiny-3", model, target.tokenizer, 4096)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in JOB]
     plain = Engine(target, draft="none", surface=FLAT, batch_size=4).generate_many(reqs)
-    eng = Engine(target, draft=draft, k=3, surface=FLAT, batch_size=4, step_modes=False, learn=1.0)
+    resident = draft == "head-resident"
+    draft = draft.removesuffix("-resident")
+    eng = Engine(
+        target,
+        draft=draft,
+        k=3,
+        surface=FLAT,
+        batch_size=4,
+        step_modes=False,
+        learn=1.0,
+        resident=resident,
+    )
     assert eng.adapter.kind == ("feature-head" if draft == "head" else "early-exit")
     done = []
     got = eng.generate_many(reqs, on_result=done.append)
@@ -168,10 +181,12 @@ def test_bad_learning_settings_are_refused(make_tiny):
         Engine(target, draft="head", surface=FLAT)
 
 
-def test_a_learning_head_takes_its_pairs_from_the_verify_steps(make_tiny, monkeypatch):
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_learning_head_takes_its_pairs_from_the_verify_steps(make_tiny, monkeypatch, resident):
     """The feature head's drafter keeps the states the engine's steps computed for it; its
     learner trains on those pairs without a forward over the finished rows, and they are
-    the states such a forward gives."""
+    the states such a forward gives. So in the resident loop (core/engine/resident.py),
+    which the engine leaves and enters again as rows join."""
     from core.engine.adapters import online
 
     target = make_tiny(3)
@@ -182,8 +197,21 @@ def test_a_learning_head_takes_its_pairs_from_the_verify_steps(make_tiny, monkey
     forwards = []
     real = online.prefix_hidden
     monkeypatch.setattr(online, "prefix_hidden", lambda *a: (forwards.append(1), real(*a))[1])
-    eng = Engine(target, draft="head", k=2, surface=FLAT, batch_size=4, step_modes=False, learn=1.0)
+    eng = Engine(
+        target,
+        draft="head",
+        k=2,
+        surface=FLAT,
+        batch_size=4,
+        step_modes=False,
+        learn=1.0,
+        resident=resident,
+    )
+    loops = []
+    launch = ResidentLoop.launch
+    monkeypatch.setattr(ResidentLoop, "launch", lambda self: (loops.append(1), launch(self))[1])
     got = eng.generate_many(reqs)
+    assert (len(loops) > 10) == resident
     lr = eng.learner
     while lr._new:
         lr._featurize()

@@ -116,11 +116,7 @@ class FeatureHeadDrafter:
                 raise RuntimeError(f"row {s.slot}: {have} unread states for {n} tokens")
             spans += s.states
             if self.keep:
-                s.read_states += s.states
-                if len(s.read_states) >= KEEP_COMPACT:  # one buffer: the steps' outputs go
-                    h = states.gather(s.read_states)
-                    mx.async_eval(h)
-                    s.read_states = [states.Span(h, 0, h.shape[0])]
+                self.keep_read(s, s.states)
             ids += s.output[read : read + n]
             sizes.append(n)
         x = fh.fuse(model, states.gather(spans), mx.array(ids, mx.int32))
@@ -164,6 +160,15 @@ class FeatureHeadDrafter:
             pred = self._block(slots, [1] * len(live), fh.fuse(model, pred, drafted))
         self._read_all(seqs, ks)
         return Draft(sizes=list(ks), tokens=tokens, confidence=sure, source=self.name)
+
+    def keep_read(self, seq, spans: list) -> None:
+        """A learning head keeps the states it read on the row (`Sequence.read_states`),
+        gathered into one buffer now and then (the steps' outputs are let go)."""
+        seq.read_states += spans
+        if len(seq.read_states) >= KEEP_COMPACT:
+            h = states.gather(seq.read_states)
+            mx.async_eval(h)
+            seq.read_states = [states.Span(h, 0, h.shape[0])]
 
     def _block(
         self, slots: list[int], sizes: list[int], x: mx.array, cache: BatchKVCache | None = None
