@@ -141,9 +141,9 @@ class Engine:
             0 = no online learning.
         resident: a batch whose one drafter is the feature head (`head`) and whose rows
             ask for no penalties, biases or log-probabilities drafts one token a row in a
-            loop resident on the device
-            (resident.py): each step is queued before the previous one is read, as plain
-            decoding's are. Where `step_modes` is on, they weigh it against plain steps.
+            loop resident on the device (resident.py): each step is queued before the
+            previous one is read, as plain decoding's are. Where `step_modes` is on, they
+            weigh it against plain steps.
     """
 
     def __init__(
@@ -434,10 +434,7 @@ class Batch:
         self._mode = "draft"
         if resident:
             return self._step_resident()
-        if self._lag is not None:  # leaving double buffering: read the step in flight first
-            rows, tokens = self._lag
-            self._lag = None
-            self._commit_plain(rows, tokens.tolist())
+        self._read_lag()
         eng = self.engine
         self._admit()
         prefill = self._prefill_plan()
@@ -597,10 +594,7 @@ class Batch:
         """A step of the resident loop: the next one queued, then the one before it read
         and committed while this one runs."""
         if self._loop is None:  # entering: the head drafts the first tokens as usual
-            if self._lag is not None:
-                rows, tokens = self._lag
-                self._lag = None
-                self._commit_plain(rows, tokens.tolist())
+            self._read_lag()
             decode = [s for s in self.rows if s is not None and s.decoding]
             if not decode:
                 return self._results()
@@ -653,6 +647,13 @@ class Batch:
         self._loop = None
         if step is not None:
             self._commit_loop(step, last=True)
+
+    def _read_lag(self) -> None:
+        """Leaving double-buffered plain decoding: read and commit its step in flight."""
+        if self._lag is not None:
+            rows, tokens = self._lag
+            self._lag = None
+            self._commit_plain(rows, tokens.tolist())
 
     def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
         now = time.perf_counter()

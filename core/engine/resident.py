@@ -83,7 +83,7 @@ class ResidentLoop:
     def launch(self) -> Launched | None:
         """Queue the next step for the batch's live rows, if any would advance; the step
         queued before it (to commit now: it runs or has run ahead of this one), if any."""
-        prev, self.in_flight = self.in_flight, None
+        prev = self.in_flight
         self.in_flight = self._queue(ahead=2 if prev is not None else 0)
         return prev
 
