@@ -1,8 +1,8 @@
 """The feature head's resident loop (core/engine/resident.py) is lossless: every row's greedy
 output equals plain greedy decoding of that row alone and every sampled row's plain seeded
-sampling's, with rows joining (the loop left and
-entered again), finishing at max_tokens, at EOS and at a stop string a step before the host
-reads it, beside plain steps (step modes) and with CUDA's padded all-slot layout."""
+sampling's, with rows joining (the loop left and entered again), finishing at max_tokens, at
+EOS and at a stop string a step before the host reads it, beside plain steps (step modes)
+and with CUDA's padded all-slot layout."""
 
 import pytest
 
@@ -20,7 +20,7 @@ def _plain(target, reqs):
 
 
 def _counted(monkeypatch):
-    """Counts of the batch's resident steps and loop entries, as they run."""
+    """Counts of the batch's resident steps, loop entries and plain steps, as they run."""
     seen = {"steps": 0, "entries": 0, "plain": 0}
     step, plain = Batch._step_resident, Batch._step_plain
 
