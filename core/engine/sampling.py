@@ -105,10 +105,7 @@ def position_uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """(M,) float32 in [0, 1): the uniform that samples token `positions[m]` of the request
     seeded `seeds[m]` (a counter hash, so it depends on nothing else)."""
     with np.errstate(over="ignore"):
-        x = seeds.astype(np.uint32) ^ _lowbias32(
-            positions.astype(np.uint32) * np.uint32(0x9E3779B9)
-        )
-        x = _lowbias32(x)
+        x = _counter_hash(seeds.astype(np.uint32), positions.astype(np.uint32))
     # 24 bits: exact in float32, and u * 2^32 (the race's seed) is an exact uint32.
     return ((x >> np.uint32(8)).astype(np.float64) * 2.0**-24).astype(np.float32)
 
@@ -116,24 +113,25 @@ def position_uniforms(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
 def device_uniforms(seeds: mx.array, positions: mx.array) -> mx.array:
     """`position_uniforms` computed on the device, bit for bit (uint32 arithmetic wraps
     alike): for positions the host does not know yet (the resident loop's)."""
-    x = seeds.astype(mx.uint32) ^ _lowbias32(
-        positions.astype(mx.uint32) * mx.array(0x9E3779B9, mx.uint32)
-    )
-    x = _lowbias32(x)
+    x = _counter_hash(seeds.astype(mx.uint32), positions.astype(mx.uint32))
     return (x >> 8).astype(mx.float32) * (2.0**-24)
 
 
-def _lowbias32(x):
-    """The lowbias32 integer hash of uint32 `x` (a numpy or an MLX array)."""
-    if isinstance(x, mx.array):
-        k1, k2 = mx.array(0x7FEB352D, mx.uint32), mx.array(0x846CA68B, mx.uint32)
+def _counter_hash(seeds, positions):
+    """The uint32 hash of (seed, position) behind both uniforms (numpy or MLX arrays)."""
+    if isinstance(seeds, mx.array):
+        golden, k1, k2 = (mx.array(k, mx.uint32) for k in (0x9E3779B9, 0x7FEB352D, 0x846CA68B))
     else:
-        k1, k2 = np.uint32(0x7FEB352D), np.uint32(0x846CA68B)
-    x = x ^ (x >> 16)
-    x = x * k1
-    x = x ^ (x >> 15)
-    x = x * k2
-    return x ^ (x >> 16)
+        golden, k1, k2 = (np.uint32(k) for k in (0x9E3779B9, 0x7FEB352D, 0x846CA68B))
+
+    def lowbias32(x):
+        x = x ^ (x >> 16)
+        x = x * k1
+        x = x ^ (x >> 15)
+        x = x * k2
+        return x ^ (x >> 16)
+
+    return lowbias32(seeds ^ lowbias32(positions * golden))
 
 
 def adjust(logits: mx.array, adjustments: list[tuple[int, int, float]]) -> mx.array:
