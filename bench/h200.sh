@@ -227,14 +227,16 @@ head-modes)  # ADAPTER=a stored head's file (e.g. trained on the CPU) -> h200-he
     '["head", {"batch_size": 1}]' > "$OUT/h200-head-modes-b1.txt" 2>&1
   grep -v "first steps" "$OUT"/h200-head-modes-b*.txt | cut -c1-220
   ;;
-resident)  # ADAPTER=a stored head's file (or after head-more in the same call) -> h200-resident-b49.txt, h200-resident-b1.txt: none, the head as the host-synced engine runs it, and the head's resident loop (core/engine/resident.py) without and with step modes, in interleaved rounds on the 49 held-out open prompts at 49 rows (R49 rounds, 5 unless set) and at batch 1 (12 prompts of up to 64 tokens, 3 rounds), each configuration's output against none's
+resident)  # ADAPTER=a stored head's file (or after head-more in the same call) -> h200-resident-b49.txt, h200-resident-b1.txt: none, the head as the host-synced engine runs it, and the head's resident loop (core/engine/resident.py) drafting 1, 2 and 3 tokens a row, in interleaved rounds on the 49 held-out open prompts at 49 rows (R49 rounds, 5 unless set) and at batch 1 (12 prompts of up to 64 tokens, 3 rounds), each configuration's output against none's
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   R=${R49:-5} timeout ${B49_S:-330} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' '["head", {}]' \
-    '["head", {"resident": true, "step_modes": false}]' '["head", {"resident": true}]' > "$OUT/h200-resident-b49.txt" 2>&1
+    '["head", {"resident": true, "step_modes": false}]' '["head", {"resident": true, "k": 2}]' \
+    '["head", {"resident": true, "k": 3}]' > "$OUT/h200-resident-b49.txt" 2>&1
   N=12 M=64 R=3 timeout ${B1_S:-200} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {"batch_size": 1}]' \
-    '["head", {"batch_size": 1}]' '["head", {"batch_size": 1, "resident": true, "step_modes": false}]' > "$OUT/h200-resident-b1.txt" 2>&1
+    '["head", {"batch_size": 1}]' '["head", {"batch_size": 1, "resident": true, "step_modes": false}]' \
+    '["head", {"batch_size": 1, "resident": true, "k": 3}]' > "$OUT/h200-resident-b1.txt" 2>&1
   grep -v "first steps" "$OUT"/h200-resident-b*.txt | cut -c1-220
   ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's

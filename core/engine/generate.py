@@ -140,8 +140,8 @@ class Engine:
             held-out slice of them. With `adapter:L` and none stored it starts untrained.
             0 = no online learning.
         resident: a batch whose one drafter is the feature head (`head`) and whose rows
-            ask for no penalties, biases or log-probabilities drafts one token a row in a
-            loop resident on the device (resident.py): each step is queued before the
+            ask for no penalties, biases or log-probabilities drafts a chain of `k` tokens
+            a row (1 unless `k` is set) in a loop resident on the device (resident.py): each step is queued before the
             previous one is read, as plain decoding's are. Where `step_modes` is on, they
             weigh it against plain steps.
     """
@@ -599,8 +599,9 @@ class Batch:
             if not decode:
                 return self._results()
             head = self.drafters[0]
-            draft = head.propose(decode, [1] * len(decode))
-            self._loop = ResidentLoop(self, head, decode, draft.tokens[:, 0])
+            k = self.engine.k or 1
+            draft = head.propose(decode, [k] * len(decode))
+            self._loop = ResidentLoop(self, head, decode, draft.tokens[:, :k])
         prev = self._loop.launch()
         results = self._results()
         if prev is not None:
@@ -610,12 +611,12 @@ class Batch:
 
     def _commit_loop(self, step: Launched, last: bool = False) -> None:
         """Emit a loop step's tokens: each row's pending token's successor, and the one
-        after its draft where the draft was accepted. The states of the positions it
+        after each draft of the chain's accepted prefix. The states of the positions it
         committed are the pairs the head read in the loop (kept when it learns); `last`
         (the loop ends) hands the head each row's last one to read again, as after a
         verify step."""
         picks, accepted = step.picks.tolist(), step.accepted.tolist()
-        head = self.drafters[0]
+        head, w = self.drafters[0], step.picks.shape[1]
         B = sum(s is not None for s in step.rows)
         finished = []
         for j, s in enumerate(step.rows):
@@ -623,15 +624,15 @@ class Batch:
                 continue  # not advanced, or finished meanwhile: computed for nothing
             a = accepted[j]
             for d in self.drafters:
-                s.stats[d.name].observe(1, a)
-            s.metrics.record_step(head.name, 1, a, 1 + a)
+                s.stats[d.name].observe(w - 1, a)
+            s.metrics.record_step(head.name, w - 1, a, 1 + a)
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + a
             head.cache.lengths[s.slot] += 1 + a
-            read = [Span(step.states, 2 * j, 1 + a)]
+            read = [Span(step.states, w * j, 1 + a)]
             if last:
-                read = [Span(step.states, 2 * j, a)] if a else []
-                s.states = [Span(step.states, 2 * j + a, 1)]
+                read = [Span(step.states, w * j, a)] if a else []
+                s.states = [Span(step.states, w * j + a, 1)]
                 head.cache.lengths[s.slot] -= 1
             if head.keep:
                 head.keep_read(s, read)

@@ -39,15 +39,24 @@ def _counted(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "pad,vocab,modes", [("0", None, False), ("8", None, False), ("8", 40, False), ("0", None, True)]
+    "pad,vocab,modes,k",
+    [
+        ("0", None, False, None),
+        ("8", None, False, None),
+        ("8", 40, False, None),
+        ("0", None, True, None),
+        ("0", None, False, 3),
+        ("8", None, False, 3),
+    ],
 )
 def test_resident_greedy_output_is_plain_greedy(
-    make_tiny, adapter_home, tmp_path, monkeypatch, pad, vocab, modes
+    make_tiny, adapter_home, tmp_path, monkeypatch, pad, vocab, modes, k
 ):
     """Seven requests through three rows: the loop runs, is left for each admission and
-    entered again; every output is plain greedy's. Its drafts are the head's: their share
-    accepted is about that of the host-synced steps' one-token drafts (the tiny head with
-    a 40-token draft vocabulary has none accepted either way)."""
+    entered again; every output is plain greedy's, with one draft token a row and with
+    chains of three. Its drafts are the head's: their share accepted is about that of the
+    host-synced steps' drafts of the same length (the tiny head with a 40-token draft
+    vocabulary has none accepted either way)."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
     monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(3)
@@ -57,7 +66,9 @@ def test_resident_greedy_output_is_plain_greedy(
         (target.encode_prompt(p), GenerationParams(max_tokens=9 + 5 * i))
         for i, p in enumerate(WORKLOAD[:7])
     ]
-    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=modes)
+    eng = Engine(
+        target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=modes, k=k
+    )
     out = eng.generate_many(reqs)
     seen = dict(seen)  # (not the plain runs below)
     assert [r.tokens for r in out] == _plain(target, reqs)
@@ -67,7 +78,7 @@ def test_resident_greedy_output_is_plain_greedy(
         assert seen["steps"] > 20 and seen["entries"] >= 2 and seen["plain"] == 0
     spec = [r.speculative for r in out]
     assert all(s["accepted_tokens"] <= s["draft_tokens"] for s in spec)
-    host = Engine(target, draft="head", surface=FLAT, batch_size=3, k=1).generate_many(reqs)
+    host = Engine(target, draft="head", surface=FLAT, batch_size=3, k=k or 1).generate_many(reqs)
     accepted = sum(s["accepted_tokens"] for s in spec)
     rate = accepted / sum(s["draft_tokens"] for s in spec)
     synced = [r.speculative for r in host]
@@ -94,7 +105,8 @@ def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
     stop = target.decode(free[2][10:12])
     monkeypatch.setattr(LoadedModel, "eos_token_ids", property(lambda self: {eos}))
     reqs = [(p, GenerationParams(max_tokens=30, stop=[stop])) for p in prompts]
-    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True)
+    # (step modes off: their timed choice of plain steps would make the loop's count vary)
+    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False)
     seen = _counted(monkeypatch)
     got = eng.generate_many(reqs)
     want = Engine(target, draft="none", surface=FLAT, batch_size=1)
@@ -107,14 +119,14 @@ def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
     assert seen["steps"] > 3
 
 
-@pytest.mark.parametrize("pad", ["0", "8"])
+@pytest.mark.parametrize("pad,k", [("0", None), ("8", None), ("8", 3)])
 def test_sampled_rows_in_the_loop_draw_plain_seeded_samplings_tokens(
-    make_tiny, adapter_home, monkeypatch, pad
+    make_tiny, adapter_home, monkeypatch, pad, k
 ):
     """Sampled rows beside greedy ones: the loop draws each row's tokens with its seed's
     uniform at each position, computed on the device, so every row's output is plain
     decoding's token for token (seeded sampling is a function of seed, prefix and
-    position)."""
+    position), whether it drafts one token a row or chains of three."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(3)
@@ -136,7 +148,9 @@ def test_sampled_rows_in_the_loop_draw_plain_seeded_samplings_tokens(
             )
         )
     ]
-    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False)
+    eng = Engine(
+        target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False, k=k
+    )
     out = eng.generate_many(reqs)
     seen = dict(seen)
     assert [r.tokens for r in out] == _plain(target, reqs)
