@@ -128,8 +128,9 @@ class ResidentLoop:
             at = (base[:, None] + mx.arange(1, W + 1, dtype=mx.int32)[None, :]).reshape(-1)
             each = [p for p in params for _ in range(W)]
             picks = choose(logits, each, np.repeat(seeds, W), at).reshape(R, W)
-        match = (picks[:, :K] == draft).astype(mx.int32)
-        accepted = mx.cumprod(match, axis=1).sum(axis=1) * on  # (R,)
+        # The drafts accepted: the index of the first that is not the target's token, else K.
+        miss = mx.where(picks[:, :K] == draft, K, mx.arange(K, dtype=mx.int32)[None, :])
+        accepted = mx.min(miss, axis=1).astype(mx.int32) * on  # (R,)
         step = (1 + accepted) * on
         h = states[0]  # (R*W, D) the target's states at pending and at each draft
         model, fh = b.target.model, self.head.adapter.block
