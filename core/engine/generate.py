@@ -141,9 +141,9 @@ class Engine:
             0 = no online learning.
         resident: a batch whose one drafter is the feature head (`head`) and whose rows
             ask for no penalties, biases or log-probabilities drafts a chain of `k` tokens
-            a row (1 unless `k` is set) in a loop resident on the device (resident.py): each step is queued before the
-            previous one is read, as plain decoding's are. Where `step_modes` is on, they
-            weigh it against plain steps.
+            a row (1 unless `k` is set) in a loop resident on the device (resident.py):
+            each step is queued before the previous one is read, as plain decoding's are.
+            Where `step_modes` is on (`k` unset), they weigh it against plain steps.
     """
 
     def __init__(
