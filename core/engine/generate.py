@@ -133,7 +133,9 @@ class Engine:
         step_modes: a batch measures its drafting steps against plain double-buffered steps
             (wall time, host work included) and drafts only while that is faster
             (draft_length.StepModes); False drafts on every step the policy pays for. Off
-            with a fixed `k`.
+            with a fixed `k`. None = on, except in a batch that runs the resident loop
+            (`resident`): there the trials chose plain steps that lost (at 49 rows on an
+            H100 the loop ran 1.23x plain alone, 1.02x under the step modes).
         learn: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), the
             share of wall time its online learning may take (adapters/online.py): it trains
             on the rows this engine finishes and swaps in versions that agree more on a
@@ -143,9 +145,9 @@ class Engine:
             ask for no penalties, biases or log-probabilities drafts a chain of `k` tokens
             a row (1 unless `k` is set) in a loop resident on the device (resident.py):
             each step is queued before the previous one is read, as plain decoding's are.
-            Where `step_modes` is on (`k` unset), they weigh it against plain steps. None =
-            on where a GPU runs the model (there the loop's overlap paid: at 49 rows on an
-            H100 1.20x plain against the host-synced steps' 0.74x; on this CPU, where the
+            Where `step_modes` is True, they weigh it against plain steps. None = on where
+            a GPU runs the model (there the loop's overlap paid: at 49 rows on an H100
+            1.20-1.23x plain against the host-synced steps' 0.74x; on this CPU, where the
             device does not run ahead of the host, the two tie).
     """
 
@@ -164,7 +166,7 @@ class Engine:
         overlap: bool = True,
         pipeline: bool = True,
         share_prefixes: bool = True,
-        step_modes: bool = True,
+        step_modes: bool | None = None,
         progress: Callable[[str], None] = lambda s: None,
         learn: float = 0.0,
         resident: bool | None = None,
@@ -215,7 +217,7 @@ class Engine:
         self.overlap = overlap
         self.pipeline = pipeline
         self.share_prefixes = share_prefixes
-        self.step_modes = step_modes and k is None
+        self.step_modes = step_modes if k is None else False
         self.resident = on_gpu if resident is None else resident
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
@@ -327,7 +329,10 @@ class Batch:
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
-        self.modes = StepModes() if self.drafters and engine.step_modes else None
+        modes = engine.step_modes
+        if modes is None:  # the default: on, unless this batch's drafting is the loop's
+            modes = not (engine.resident and self._one_head())
+        self.modes = StepModes() if self.drafters and modes else None
         self._mode = "draft"  # the kind of the step that ran last ("draft" or "plain")
 
     def draft_model_drafter(self):
@@ -583,15 +588,19 @@ class Batch:
 
     def _resident_ok(self) -> bool:
         """Whether this step can run in the resident loop (Engine's `resident`)."""
-        if not self.engine.resident or len(self.drafters) != 1:
-            return False
-        head = self.drafters[0]
-        if not isinstance(head, FeatureHeadDrafter) or head.width != 1:
+        if not self.engine.resident or not self._one_head():
             return False
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
             return False
         return all(s.decoding and not s.params.adjusts and not s.params.logprobs for s in rows)
+
+    def _one_head(self) -> bool:
+        """Whether this batch's one drafter is the feature head drafting chains (the loop's)."""
+        if len(self.drafters) != 1:
+            return False
+        head = self.drafters[0]
+        return isinstance(head, FeatureHeadDrafter) and head.width == 1
 
     def _step_resident(self) -> list[GenerationResult]:
         """A step of the resident loop: the next one queued, then the one before it read

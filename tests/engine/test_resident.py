@@ -4,6 +4,7 @@ sampling's, with rows joining (the loop left and entered again), finishing at ma
 EOS and at a stop string a step before the host reads it, beside plain steps (step modes)
 and with CUDA's padded all-slot layout."""
 
+import mlx.core as mx
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
@@ -176,3 +177,28 @@ def test_rows_asking_for_logprobs_and_other_drafters_do_not_run_the_loop(
         p, GenerationParams(max_tokens=12)
     )
     assert seen["steps"] == 0
+
+
+def test_the_loop_is_on_by_default_on_a_gpu_and_runs_without_step_modes(
+    make_tiny, adapter_home, monkeypatch
+):
+    """`resident` unset: on where a GPU runs the model only. `step_modes` unset: off in a
+    batch whose drafting is the loop's (the head alone), on for every other drafter; asked
+    for, on in the loop too. The loop then runs every step, and output is plain greedy's."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    on_gpu = mx.default_device() == mx.gpu
+    assert Engine(target, draft="head", surface=FLAT).resident == on_gpu
+    loop = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True)
+    assert loop.new_batch().modes is None
+    asked = Engine(target, draft="head", surface=FLAT, resident=True, step_modes=True)
+    assert asked.new_batch().modes is not None
+    assert Engine(target, draft="ngram", surface=FLAT, resident=True).new_batch().modes is not None
+    assert Engine(target, draft="head", surface=FLAT, resident=False).new_batch().modes is not None
+    seen = _counted(monkeypatch)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=20)) for p in WORKLOAD[:3]]
+    out = loop.generate_many(reqs)
+    seen = dict(seen)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert seen["steps"] > 5 and seen["plain"] == 0
