@@ -641,14 +641,16 @@ class Batch:
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + a
             head.cache.lengths[s.slot] += 1 + a
-            read = [Span(step.states, w * j, 1 + a)]
-            if last:
+            had = len(s.output)
+            reason = self._emit(s, picks[j][: 1 + a], None)
+            n = len(s.output) - had  # fewer than 1 + a where the row ended in this step
+            read = [Span(step.states, w * j, n)] if n else []
+            if last and reason is None:
                 read = [Span(step.states, w * j, a)] if a else []
                 s.states = [Span(step.states, w * j + a, 1)]
                 head.cache.lengths[s.slot] -= 1
-            if head.keep:
+            if head.keep:  # the states of the tokens emitted, as many as they
                 head.keep_read(s, read)
-            reason = self._emit(s, picks[j][: 1 + a], None)
             if reason is not None:
                 finished.append((s, reason))
         for s, reason in finished:
