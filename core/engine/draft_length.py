@@ -55,6 +55,25 @@ def expected_tokens(k: int, a: float) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def chain_speedups(
+    gains: Sequence[float],
+    draft_cost: float,
+    verify_cost: Callable[[int], float] | None = None,
+) -> np.ndarray:
+    """Expected tokens per unit of time of a chain of k draft tokens a row against plain
+    steps, for k = 0 .. len(gains) (k = 0: plain, 1.0): `gains[j]` is the chance that draft
+    tokens 1 .. j + 1 are all accepted (`AcceptanceStats.gains`), each draft token costs
+    `draft_cost` plain steps and `verify_cost(w)` is a step verifying w tokens per row, in
+    plain steps (`CostSurface.verify_cost`; None: 1, a latency-bound accelerator)."""
+    out = [1.0]
+    expected = 1.0
+    for k, g in enumerate(gains, 1):
+        expected += float(g)
+        verify = 1.0 if verify_cost is None else verify_cost(k + 1)
+        out.append(expected / (verify + k * draft_cost))
+    return np.asarray(out)
+
+
 def best_length(
     a: float,
     draft_cost: float,
@@ -63,16 +82,10 @@ def best_length(
 ) -> tuple[int, float]:
     """The draft length with the most expected tokens per unit of time, and that speedup
     over plain steps, for a model drafter whose tokens are accepted at rate `a` and each cost
-    `draft_cost` plain steps; `verify_cost(w)` is a step verifying w tokens per row, in plain
-    steps (`CostSurface.verify_cost`; None: 1, a latency-bound accelerator at batch 1).
-    (0, 1.0) when no length pays."""
-    best = (0, 1.0)
-    for k in range(1, k_max + 1):
-        verify = 1.0 if verify_cost is None else verify_cost(k + 1)
-        speedup = expected_tokens(k, a) / (verify + k * draft_cost)
-        if speedup > best[1]:
-            best = (k, speedup)
-    return best
+    `draft_cost` plain steps (`chain_speedups`). (0, 1.0) when no length pays."""
+    speedups = chain_speedups(a ** np.arange(1, k_max + 1), draft_cost, verify_cost)
+    k = int(np.argmax(speedups))
+    return k, float(speedups[k])
 
 
 class AcceptanceStats:

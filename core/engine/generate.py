@@ -46,6 +46,7 @@ from .draft_length import (
     RowPolicy,
     StepModes,
     allocate,
+    chain_speedups,
     gate,
     token_cost,
 )
@@ -143,8 +144,11 @@ class Engine:
             0 = no online learning.
         resident: a batch whose one drafter is the feature head (`head`) and whose rows
             ask for no penalties, biases or log-probabilities drafts a chain of `k` tokens
-            a row (1 unless `k` is set) in a loop resident on the device (resident.py):
-            each step is queued before the previous one is read, as plain decoding's are.
+            a row in a loop resident on the device (resident.py): each step is queued
+            before the previous one is read, as plain decoding's are. Unless `k` is set,
+            the chain's length is chosen from the head's measured acceptance by position
+            and this machine's costs, again as they change (`Batch._loop_k`); where no
+            length pays, plain steps run.
             Where `step_modes` is True, they weigh it against plain steps. None = on where
             a GPU runs the model (there the loop's overlap paid: at 49 rows on an H100
             1.20-1.23x plain against the host-synced steps' 0.74x; on this CPU, where the
@@ -325,6 +329,8 @@ class Batch:
         self._done: list[Sequence] = []  # finished last step, results not yet built
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
         self._loop: ResidentLoop | None = None  # the resident loop, while rows run it
+        self._chain: tuple[int, int] | None = None  # the loop's chain length, when chosen
+        self.loop_steps: Counter[int] = Counter()  # the loop's steps by chain length
         # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
@@ -434,7 +440,9 @@ class Batch:
     def _step(self) -> list[GenerationResult]:
         plain = not self.drafters or (self.modes is not None and self.modes.mode == "plain")
         resident = not plain and self._resident_ok()
-        if self._loop is not None and not resident:
+        if resident and self._loop_k() == 0:  # no chain pays at these rows: plain steps
+            resident, plain = False, True
+        if self._loop is not None and (not resident or self._loop.k != self._loop_k()):
             self._leave_loop()
         if plain and self.engine.pipeline and not self._needs_sync():
             self._mode = "plain"
@@ -595,6 +603,33 @@ class Batch:
             return False
         return all(s.decoding and not s.params.adjusts and not s.params.logprobs for s in rows)
 
+    def _loop_k(self) -> int:
+        """The resident loop's chain length: the engine's `k` where set, else the one whose
+        expected tokens per unit of time are the most (`draft_length.chain_speedups`) from
+        the head's acceptance by draft position (carried across the engine's requests and
+        measured by the loop as it runs) and this machine's costs at the rows the loop runs
+        (the verify surface's width cost; the head's depths, timed); 0 where no chain beats
+        plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen length changes
+        (leaving the loop and entering it again: one step's sync) only for a predicted gain
+        of `LOOP_SWITCH` or more, so near-ties do not make it flap."""
+        if self.engine.k:
+            return self.engine.k
+        if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
+            return self._chain[0]
+        head = self.drafters[0]
+        live = sum(s is not None and s.finish_reason is None for s in self.rows)
+        rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
+        speedups = chain_speedups(
+            self.engine.carried(head).gains(K_MAX),
+            head.step_cost(rows),
+            self.engine.surface.verify_cost(rows),
+        )
+        k = int(np.argmax(speedups))
+        if self._chain is not None and speedups[k] < LOOP_SWITCH * speedups[self._chain[0]]:
+            k = self._chain[0]
+        self._chain = (k, self.steps)
+        return k
+
     def _one_head(self) -> bool:
         """Whether this batch's one drafter is the feature head drafting chains (the loop's)."""
         if len(self.drafters) != 1:
@@ -611,10 +646,12 @@ class Batch:
             if not decode:
                 return self._results()
             head = self.drafters[0]
-            k = self.engine.k or 1
+            k = self._loop_k()
             draft = head.propose(decode, [k] * len(decode))
             self._loop = ResidentLoop(self, head, decode, draft.tokens[:, :k])
         prev = self._loop.launch()
+        if self._loop.in_flight is not None:
+            self.loop_steps[self._loop.k] += 1
         results = self._results()
         if prev is not None:
             self._commit_loop(prev)  # the step's one sync
@@ -1387,6 +1424,10 @@ class StepPlan:
             idx, sizes, params, np.array(seeds, np.uint32), np.array(positions), adjust, lp_k
         )
         return seg, view
+
+
+LOOP_CHOOSE_EVERY = 16  # steps between choices of the resident loop's chain length
+LOOP_SWITCH = 1.03  # the predicted gain that changes it
 
 
 def _depths(parents: list[int]) -> list[int]:

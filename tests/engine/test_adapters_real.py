@@ -74,9 +74,11 @@ def test_the_heads_resident_loop_is_lossless_on_the_real_model(smollm2, tmp_path
     reqs = [(p, GenerationParams(max_tokens=32)) for p in [*chats, *chats[:2]]]
     plain = Engine(smollm2, draft="none", surface=FLAT, batch_size=1)
     want = [plain.generate(p, q).tokens for p, q in reqs]
-    alone = Engine(smollm2, draft="head", surface=FLAT, batch_size=1, resident=True)
+    # (chains of a fixed length: FLAT prices a forward at 1 ms, next to which the head's
+    # timed depths would choose none)
+    alone = Engine(smollm2, draft="head", surface=FLAT, batch_size=1, resident=True, k=1)
     assert [alone.generate(p, q).tokens for p, q in reqs[:2]] == want[:2]
-    batched = Engine(smollm2, draft="head", surface=FLAT, batch_size=4, resident=True)
+    batched = Engine(smollm2, draft="head", surface=FLAT, batch_size=4, resident=True, k=2)
     got = batched.generate_many(reqs)  # six rows through four: the loop is left to admit
     assert sum(r.speculative["draft_tokens"] for r in got) > 0
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):

@@ -13,6 +13,7 @@ from core.engine.draft_length import (
     Offer,
     RowPolicy,
     allocate,
+    chain_speedups,
     expected_tokens,
     gate,
     token_cost,
@@ -34,6 +35,19 @@ def test_expected_tokens():
     assert expected_tokens(0, 0.5) == 1.0
     assert expected_tokens(3, 1.0) == 4.0
     assert expected_tokens(2, 0.5) == pytest.approx(1.75)
+
+
+def test_chain_speedups_price_each_length_by_its_acceptance_and_costs():
+    """A chain's expected tokens (1 + the gains of its positions) over its cost (the verify
+    at its width + each draft token's): where width is free, the length whose next token's
+    gain stops paying for its draft cost; on the CPU surface at 64 rows none pays."""
+    gains = [0.9, 0.81, 0.05]
+    s = chain_speedups(gains, 0.1)
+    assert s == pytest.approx([1.0, 1.9 / 1.1, 2.71 / 1.2, 2.76 / 1.3])
+    assert int(np.argmax(s)) == 2
+    assert int(np.argmax(chain_speedups(gains, 0.0))) == 3
+    assert int(np.argmax(chain_speedups(gains, 0.01, CPU.verify_cost(64)))) == 0
+    assert chain_speedups(gains, 0.01, CPU.verify_cost(1))[1] == pytest.approx(1.9 / 1.121, 1e-3)
 
 
 def test_free_width_drafts_every_offered_token():

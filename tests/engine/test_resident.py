@@ -20,6 +20,13 @@ def _plain(target, reqs):
     return [eng.generate(p, q).tokens for p, q in reqs]
 
 
+def _priced(eng, ms: float) -> Engine:
+    """The engine with its head's drafting depth costing `ms` milliseconds at every row
+    count (as if timed; FLAT prices every verify forward at 1 ms)."""
+    eng.step_ms[("head", eng.batch_size)] = dict.fromkeys(range(1, 9), ms)
+    return eng
+
+
 def _counted(monkeypatch):
     """Counts of the batch's resident steps, loop entries and plain steps, as they run."""
     seen = {"steps": 0, "entries": 0, "plain": 0}
@@ -42,9 +49,9 @@ def _counted(monkeypatch):
 @pytest.mark.parametrize(
     "pad,vocab,modes,k",
     [
-        ("0", None, False, None),
-        ("8", None, False, None),
-        ("8", 40, False, None),
+        ("0", None, False, 1),
+        ("8", None, False, 1),
+        ("8", 40, False, 1),
         ("0", None, True, None),
         ("0", None, False, 3),
         ("8", None, False, 3),
@@ -54,10 +61,11 @@ def test_resident_greedy_output_is_plain_greedy(
     make_tiny, adapter_home, tmp_path, monkeypatch, pad, vocab, modes, k
 ):
     """Seven requests through three rows: the loop runs, is left for each admission and
-    entered again; every output is plain greedy's, with one draft token a row and with
-    chains of three. Its drafts are the head's: their share accepted is about that of the
-    host-synced steps' drafts of the same length (the tiny head with a 40-token draft
-    vocabulary has none accepted either way)."""
+    entered again; every output is plain greedy's, with one draft token a row, with chains
+    of three and with chains of the length the batch chooses, under step modes. Its drafts
+    are the head's: their share accepted is about that of the host-synced steps' drafts of
+    the same length (the tiny head with a 40-token draft vocabulary has none accepted
+    either way)."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home if vocab is None else tmp_path))
     monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(3)
@@ -70,7 +78,7 @@ def test_resident_greedy_output_is_plain_greedy(
     eng = Engine(
         target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=modes, k=k
     )
-    out = eng.generate_many(reqs)
+    out = _priced(eng, 0.02).generate_many(reqs)
     seen = dict(seen)  # (not the plain runs below)
     assert [r.tokens for r in out] == _plain(target, reqs)
     if modes:  # plain steps (the step modes' trials) and loop steps, in turn
@@ -79,12 +87,15 @@ def test_resident_greedy_output_is_plain_greedy(
         assert seen["steps"] > 20 and seen["entries"] >= 2 and seen["plain"] == 0
     spec = [r.speculative for r in out]
     assert all(s["accepted_tokens"] <= s["draft_tokens"] for s in spec)
-    host = Engine(target, draft="head", surface=FLAT, batch_size=3, k=k or 1).generate_many(reqs)
     accepted = sum(s["accepted_tokens"] for s in spec)
-    rate = accepted / sum(s["draft_tokens"] for s in spec)
-    synced = [r.speculative for r in host]
-    synced_rate = sum(s["accepted_tokens"] for s in synced) / sum(s["draft_tokens"] for s in synced)
-    assert (rate > 0.8 * synced_rate > 0.1) if vocab is None else (accepted == synced_rate == 0)
+    if k:  # (a chosen length varies)
+        host = Engine(target, draft="head", surface=FLAT, batch_size=3, k=k).generate_many(reqs)
+        rate = accepted / sum(s["draft_tokens"] for s in spec)
+        synced = [r.speculative for r in host]
+        synced_rate = sum(s["accepted_tokens"] for s in synced) / sum(
+            s["draft_tokens"] for s in synced
+        )
+        assert (rate > 0.8 * synced_rate > 0.1) if vocab is None else (accepted == synced_rate == 0)
     assert sum(len(r.tokens) for r in out) <= sum(
         s["verify_steps"] + s["accepted_tokens"] + 1 for s in spec
     )
@@ -107,7 +118,9 @@ def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
     monkeypatch.setattr(LoadedModel, "eos_token_ids", property(lambda self: {eos}))
     reqs = [(p, GenerationParams(max_tokens=30, stop=[stop])) for p in prompts]
     # (step modes off: their timed choice of plain steps would make the loop's count vary)
-    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False)
+    eng = Engine(
+        target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False, k=1
+    )
     seen = _counted(monkeypatch)
     got = eng.generate_many(reqs)
     want = Engine(target, draft="none", surface=FLAT, batch_size=1)
@@ -120,7 +133,7 @@ def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
     assert seen["steps"] > 3
 
 
-@pytest.mark.parametrize("pad,k", [("0", None), ("8", None), ("8", 3)])
+@pytest.mark.parametrize("pad,k", [("0", 1), ("8", 1), ("8", 3)])
 def test_sampled_rows_in_the_loop_draw_plain_seeded_samplings_tokens(
     make_tiny, adapter_home, monkeypatch, pad, k
 ):
@@ -190,7 +203,7 @@ def test_the_loop_is_on_by_default_on_a_gpu_and_runs_without_step_modes(
     store_head(target)
     on_gpu = mx.default_device() == mx.gpu
     assert Engine(target, draft="head", surface=FLAT).resident == on_gpu
-    loop = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True)
+    loop = _priced(Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True), 0.02)
     assert loop.new_batch().modes is None
     asked = Engine(target, draft="head", surface=FLAT, resident=True, step_modes=True)
     assert asked.new_batch().modes is not None
@@ -202,3 +215,28 @@ def test_the_loop_is_on_by_default_on_a_gpu_and_runs_without_step_modes(
     seen = dict(seen)
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert seen["steps"] > 5 and seen["plain"] == 0
+
+
+def test_the_loops_chain_length_follows_the_machines_costs(make_tiny, adapter_home, monkeypatch):
+    """`k` unset: where verifying more tokens a row is free and the head's depths are
+    cheap, the batch chooses chains of more than one token; where each token a row costs a
+    whole plain step (a compute-bound machine), no chain pays and plain steps run. Output
+    is plain greedy's either way."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in WORKLOAD[:3]]
+    want = _plain(target, reqs)
+    by_width = tuple(tuple(float(w) for w in FLAT.widths) for _ in FLAT.batches)
+    dear = CostSurface(FLAT.batches, FLAT.widths, by_width)
+    chains, plain = {}, {}
+    for name, surface in (("free", FLAT), ("dear", dear)):
+        eng = Engine(target, draft="head", surface=surface, batch_size=3, resident=True)
+        batch = _priced(eng, 0.02).new_batch()
+        for i, (p, q) in enumerate(reqs):
+            batch.submit(p, q, tag=i)
+        out = sorted(batch.run(), key=lambda r: r.tag)
+        assert [r.tokens for r in out] == want
+        chains[name], plain[name] = batch.loop_steps, batch.steps - batch.loop_steps.total()
+    assert max(chains["free"]) > 1 and chains["free"].total() > 5
+    assert not chains["dear"] and plain["dear"] > 20
