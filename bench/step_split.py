@@ -98,7 +98,10 @@ def main() -> None:
             mx.async_eval, FeatureHeadDrafter.propose = async_eval, propose
             generate.Batch._draft = draft
         toks = sum(len(r.tokens) for r in out)
-        print(f"== {spec} {kw}: {toks} tokens in {wall * 1000:.0f} ms ({toks / wall:.0f} tok/s)")
+        print(
+            f"== {spec} {kw}: {toks} tokens in {wall * 1000:.0f} ms ({toks / wall:.0f} tok/s)"
+            f"{_chains(eng)}"
+        )
         for key, s in sec.most_common():
             ms = 1000 * s
             print(f"   {key:40s} {calls[key]:5d} calls {ms / calls[key]:7.2f} ms/call {ms:7.0f} ms")
@@ -135,15 +138,30 @@ def _engine_kw(kw: dict) -> dict:
 
 def _run(eng, kw: dict, reqs):
     """The job through `eng`; with `"head_cost": "share"` the head's depths priced by the
-    share of the weights they read."""
-    if kw.get("head_cost") != "share":
-        return eng.generate_many(reqs)
+    share of the weights they read. Its batch's resident loop steps by chain length are
+    left in `CHAINS[id(eng)]`."""
+    made = []
+    new = eng.new_batch
+    eng.new_batch = lambda capacity=None: made.append(new(capacity)) or made[-1]
     measured = FeatureHeadDrafter.step_cost
-    FeatureHeadDrafter.step_cost = lambda self, rows: self._share
+    if kw.get("head_cost") == "share":
+        FeatureHeadDrafter.step_cost = lambda self, rows: self._share
     try:
         return eng.generate_many(reqs)
     finally:
         FeatureHeadDrafter.step_cost = measured
+        del eng.new_batch
+        CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
+
+
+CHAINS: dict[int, collections.Counter] = {}
+
+
+def _chains(eng) -> str:
+    c = CHAINS.get(id(eng))
+    if not c:
+        return ""
+    return "; loop steps by chain length " + ", ".join(f"{k}: {n}" for k, n in sorted(c.items()))
 
 
 def rounds(configs, engines, reqs, n: int) -> None:
@@ -165,7 +183,7 @@ def rounds(configs, engines, reqs, n: int) -> None:
                 configs[j].append(
                     f"; last round: {sum(len(o.tokens) for o in out) / steps:.2f} tokens a "
                     f"row's step, {sum(s['accepted_tokens'] for s in spec) / max(drafted, 1):.2f} "
-                    f"of {drafted} drafted tokens accepted"
+                    f"of {drafted} drafted tokens accepted{_chains(eng)}"
                 )
             line.append(f"{rates[j][-1]:7.0f} ({rates[j][-1] / rates[0][-1]:.2f}x)")
         print(f"round {r + 1}: " + "  ".join(line))
