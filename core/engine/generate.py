@@ -66,6 +66,8 @@ GREEDY = GenerationParams()
 DEFAULT_BATCH_LIMIT = 256  # rows at most when the batch size is chosen from the surface
 MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
 PROMPT_HEAD = 256  # prompt tokens of every row compared at once to find a shared prefix
+LOOP_CHOOSE_EVERY = 16  # steps between choices of the resident loop's chain length
+LOOP_SWITCH = 1.03  # the predicted gain that changes it
 
 
 @dataclass
@@ -1424,10 +1426,6 @@ class StepPlan:
             idx, sizes, params, np.array(seeds, np.uint32), np.array(positions), adjust, lp_k
         )
         return seg, view
-
-
-LOOP_CHOOSE_EVERY = 16  # steps between choices of the resident loop's chain length
-LOOP_SWITCH = 1.03  # the predicted gain that changes it
 
 
 def _depths(parents: list[int]) -> list[int]:

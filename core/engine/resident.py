@@ -10,8 +10,8 @@ steps hide.
 With a fixed chain of K draft tokens a row from the feature head (drafters/feature_head.py),
 everything acceptance decides can stay on the device. (The batch chooses K from the head's
 measured acceptance and the machine's costs, and leaves the loop to change it:
-`Batch._loop_k`.) Each row's cache lengths (the
-target's and the head's) are device arrays; a step
+`Batch._loop_k`.) Each row's cache lengths (the target's and the head's) are device arrays;
+a step
 
 - verifies [pending, d_1 .. d_K] at positions length + (0 .. K): positions, write slots and
   the mask are derived on the device (`Segment.base`);
