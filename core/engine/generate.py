@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,25 +134,29 @@ class Engine:
             back (mlx-lm's double buffering); False syncs every step.
         share_prefixes: a joining row copies the keys and values of the longest prompt
             prefix another row of the batch holds instead of computing them.
-        step_modes: a batch measures its drafting steps against plain double-buffered steps
-            (wall time, host work included) and drafts only while that is faster
-            (draft_length.StepModes); False drafts on every step the policy pays for. Off
-            with a fixed `k`. None = on, except in a batch that runs the resident loop
-            (`resident`): there the trials chose plain steps that lost (at 49 rows on an
-            H100 the loop ran 1.23x plain alone, 1.02x under the step modes).
+        step_modes: a batch measures its kinds of step against each other (wall time,
+            host work included) and runs the fastest (draft_length.StepModes): host-synced
+            drafting steps, the resident loop where the batch can run it (`resident`, with
+            the feature head among its drafters) and plain double-buffered steps; False
+            drafts on every step the policy pays for. Off with a fixed `k`. None = on,
+            except in a batch whose one drafter is the head running the loop: there the
+            trials chose plain steps that lost (at 49 rows on an H100 the loop ran 1.23x
+            plain alone, 1.02x under the step modes).
         learn: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), the
             share of wall time its online learning may take (adapters/online.py): it trains
             on the rows this engine finishes and swaps in versions that agree more on a
             held-out slice of them. With `adapter:L` and none stored it starts untrained.
             0 = no online learning.
-        resident: a batch whose one drafter is the feature head (`head`) and whose rows
-            ask for no penalties, biases or log-probabilities drafts a chain of `k` tokens
-            a row in a loop resident on the device (resident.py): each step is queued
-            before the previous one is read, as plain decoding's are. Unless `k` is set,
-            the chain's length is chosen from the head's measured acceptance by position
-            and this machine's costs, again as they change (`Batch._loop_k`); where no
-            length pays, plain steps run.
-            Where `step_modes` is True, they weigh it against plain steps. None = on where
+        resident: a batch drafting with the feature head (`head`, or `auto` with a head
+            stored) whose rows ask for no penalties, biases or log-probabilities may draft
+            a chain of `k` tokens a row in a loop resident on the device (resident.py):
+            each step is queued before the previous one is read, as plain decoding's are.
+            Unless `k` is set, the chain's length is chosen from the head's measured
+            acceptance by position and this machine's costs, again as they change
+            (`Batch._loop_k`); where no length pays, plain steps run. The head alone runs
+            the loop on every step it can (unless `step_modes` is True: then they weigh it
+            against plain steps); under `auto` the step modes weigh it against host-synced
+            drafting, whose rows choose among every drafter, and plain steps. None = on where
             a GPU runs the model (there the loop's overlap paid: at 49 rows on an H100
             1.20-1.23x plain against the host-synced steps' 0.74x; on this CPU, where the
             device does not run ahead of the host, the two tie).
@@ -337,11 +342,20 @@ class Batch:
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
+        self._head = self._loop_head()
+        alone = self._head is not None and len(self.drafters) == 1  # the loop is its drafting
+        kinds = ("loop", "plain") if alone else ("draft", "plain")
+        if self._head is not None and not alone:
+            kinds = ("draft", "loop", "plain")
         modes = engine.step_modes
-        if modes is None:  # the default: on, unless this batch's drafting is the loop's
-            modes = not (engine.resident and self._one_head())
-        self.modes = StepModes() if self.drafters and modes else None
-        self._mode = "draft"  # the kind of the step that ran last ("draft" or "plain")
+        if modes is None:  # the default: on, unless this batch's drafting is the loop alone
+            modes = not alone
+        self.modes = StepModes(kinds) if self.drafters and modes else None
+        self._kind = kinds[0]  # the kind of step that runs without step modes
+        self._mode = self._kind  # the kind of the step that ran last (StepModes' kinds)
+        # Work a step read that an earlier step of another kind computed: (kind, tokens,
+        # seconds), credited to that kind (StepModes.credit).
+        self._drained: list[tuple[str, int, float]] = []
 
     def draft_model_drafter(self):
         """This batch's draft-model drafter (one cache row per slot), built once."""
@@ -430,26 +444,29 @@ class Batch:
             else:
                 t0, n0 = time.perf_counter(), self.emitted
                 out = self._step()
+                seconds, tokens = time.perf_counter() - t0, self.emitted - n0
+                for kind, n, sec in self._drained:
+                    self.modes.credit(kind, n, sec)
+                    tokens, seconds = tokens - n, seconds - sec
+                self._drained.clear()
                 rows = self.active
                 evidence = sum(d.evidence() for d in self.drafters)
-                self.modes.observe(
-                    self._mode, self.emitted - n0, time.perf_counter() - t0, rows, evidence
-                )
+                self.modes.observe(self._mode, tokens, seconds, rows, evidence)
             if self.engine.learner is not None:
                 self.engine.learner.tick()
             return out
 
     def _step(self) -> list[GenerationResult]:
-        plain = not self.drafters or (self.modes is not None and self.modes.mode == "plain")
-        resident = not plain and self._resident_ok()
+        kind = self._mode = self._kind if self.modes is None else self.modes.mode
+        plain = not self.drafters or kind == "plain"
+        # The loop where its rows can run it, else a host-synced drafting step.
+        resident = kind == "loop" and self._resident_ok()
         if resident and self._loop_k() == 0:  # no chain pays at these rows: plain steps
             resident, plain = False, True
         if self._loop is not None and (not resident or self._loop.k != self._loop_k()):
             self._leave_loop()
         if plain and self.engine.pipeline and not self._needs_sync():
-            self._mode = "plain"
             return self._step_plain()
-        self._mode = "draft"
         if resident:
             return self._step_resident()
         self._read_lag()
@@ -596,9 +613,15 @@ class Batch:
         self.steps += 1
         return results
 
+    def _loop_head(self) -> FeatureHeadDrafter | None:
+        """The feature head drafting chains, when one is in play and the engine runs the
+        resident loop: the loop's drafter."""
+        heads = [d for d in self.drafters if isinstance(d, FeatureHeadDrafter) and d.width == 1]
+        return heads[0] if self.engine.resident and heads else None
+
     def _resident_ok(self) -> bool:
         """Whether this step can run in the resident loop (Engine's `resident`)."""
-        if not self.engine.resident or not self._one_head():
+        if self._head is None:
             return False
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
@@ -618,7 +641,7 @@ class Batch:
             return self.engine.k
         if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
             return self._chain[0]
-        head = self.drafters[0]
+        head = self._head
         live = sum(s is not None and s.finish_reason is None for s in self.rows)
         rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
         speedups = chain_speedups(
@@ -632,13 +655,6 @@ class Batch:
         self._chain = (k, self.steps)
         return k
 
-    def _one_head(self) -> bool:
-        """Whether this batch's one drafter is the feature head drafting chains (the loop's)."""
-        if len(self.drafters) != 1:
-            return False
-        head = self.drafters[0]
-        return isinstance(head, FeatureHeadDrafter) and head.width == 1
-
     def _step_resident(self) -> list[GenerationResult]:
         """A step of the resident loop: the next one queued, then the one before it read
         and committed while this one runs."""
@@ -647,7 +663,7 @@ class Batch:
             decode = [s for s in self.rows if s is not None and s.decoding]
             if not decode:
                 return self._results()
-            head = self.drafters[0]
+            head = self._head
             k = self._loop_k()
             draft = head.propose(decode, [k] * len(decode))
             self._loop = ResidentLoop(self, head, decode, draft.tokens[:, :k])
@@ -667,15 +683,15 @@ class Batch:
         (the loop ends) hands the head each row's last one to read again, as after a
         verify step."""
         picks, accepted = step.picks.tolist(), step.accepted.tolist()
-        head, w = self.drafters[0], step.picks.shape[1]
+        head, w = self._head, step.picks.shape[1]
         B = sum(s is not None for s in step.rows)
         finished = []
         for j, s in enumerate(step.rows):
             if s is None or s.finish_reason is not None:
                 continue  # not advanced, or finished meanwhile: computed for nothing
             a = accepted[j]
-            for d in self.drafters:
-                s.stats[d.name].observe(w - 1, a)
+            for d in self.drafters:  # the head drafted; the others did not, this step
+                s.stats[d.name].observe(w - 1 if d is head else 0, a)
             s.metrics.record_step(head.name, w - 1, a, 1 + a)
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + a
@@ -700,14 +716,26 @@ class Batch:
         step = self._loop.drain()
         self._loop = None
         if step is not None:
-            self._commit_loop(step, last=True)
+            with self._drain("loop"):
+                self._commit_loop(step, last=True)
 
     def _read_lag(self) -> None:
-        """Leaving double-buffered plain decoding: read and commit its step in flight."""
+        """Leaving double-buffered plain decoding: read and commit its step in flight.
+        (Its tokens count for the step that reads them: credited to plain steps, the trials
+        chose plain steps where drafting paid: the README on the trials' two biases.)"""
         if self._lag is not None:
             rows, tokens = self._lag
             self._lag = None
             self._commit_plain(rows, tokens.tolist())
+
+    @contextmanager
+    def _drain(self, kind: str) -> Iterator[None]:
+        """A step of `kind` computed what this reads: the tokens and the wait go to it
+        (StepModes.credit)."""
+        t0, n0 = time.perf_counter(), self.emitted
+        yield
+        if self.modes is not None:
+            self._drained.append((kind, self.emitted - n0, time.perf_counter() - t0))
 
     def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
         now = time.perf_counter()
@@ -765,6 +793,7 @@ class Batch:
         self.cache = BatchKVCache(self.target.num_layers, self.capacity)
         self._draft_model_drafter = None
         self.drafters = self.engine.entry.build(self, self.engine.arg)
+        self._head = self._loop_head()
         return tags
 
     def _admissible(self) -> bool:

@@ -19,6 +19,8 @@ class RequestMetrics:
     emitted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     steps_by_source: Counter = field(default_factory=Counter)
+    drafted_by_source: Counter = field(default_factory=Counter)  # draft tokens proposed
+    accepted_by_source: Counter = field(default_factory=Counter)  # of them, accepted
     phases: dict[str, float] = field(
         default_factory=lambda: {"draft_s": 0.0, "verify_s": 0.0, "accept_s": 0.0, "cache_s": 0.0}
     )
@@ -32,6 +34,9 @@ class RequestMetrics:
         self.accepted_tokens += accepted
         self.emitted_tokens += emitted
         self.steps_by_source[source or "none"] += 1
+        if proposed:
+            self.drafted_by_source[source] += proposed
+            self.accepted_by_source[source] += accepted
         if len(self.accepted_per_position) < proposed:
             self.accepted_per_position += [0] * (proposed - len(self.accepted_per_position))
         for i in range(accepted):
@@ -51,6 +56,8 @@ class RequestMetrics:
             ),
             "accepted_per_position": list(self.accepted_per_position),
             "steps_by_drafter": dict(self.steps_by_source),
+            "draft_tokens_by_drafter": dict(self.drafted_by_source),
+            "accepted_by_drafter": dict(self.accepted_by_source),
         }
 
     def timing(self, generated: int) -> dict:

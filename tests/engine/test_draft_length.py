@@ -235,6 +235,55 @@ def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
     assert m._trial is None
 
 
+def test_three_kinds_take_turns_and_a_clear_loser_leaves_the_trial():
+    """With the resident loop as a third kind: blocks of each in turn until each ran TRIAL
+    steps; a kind CLEAR times slower than the fastest, once every kind ran a block, runs
+    no more of that trial."""
+    from core.engine.draft_length import StepModes
+
+    kinds = ("draft", "loop", "plain")
+    m = StepModes(kinds)
+    B, T = m.BLOCK, m.TRIAL
+    seen = _run(m, {"draft": 25, "loop": 40, "plain": 30}, 3 * T)
+    assert seen == (["draft"] * B + ["loop"] * B + ["plain"] * B) * (T // B)
+    assert m.mode == "loop" and m._trial is None
+    m = StepModes(kinds)
+    seen = _run(m, {"draft": 10, "loop": 40, "plain": 30}, 3 * B + 2 * (T - B))
+    assert seen == ["draft"] * B + ["loop"] * B + ["plain"] * B + ["loop"] * B + ["plain"] * B
+    assert m.mode == "loop" and m._trial is None and m.rate["draft"] == 10.0
+    # the next trial starts with the kind that runs, then the others in turn
+    _run(m, {"draft": 10, "loop": 40, "plain": 30}, m.RETRY)
+    seen = _run(m, {"draft": 10, "loop": 40, "plain": 30}, 3 * B)
+    assert seen == ["loop"] * B + ["plain"] * B + ["draft"] * B
+
+
+def test_work_a_later_step_reads_is_credited_to_the_kind_that_computed_it():
+    """A double-buffered kind's step is read by the next step: the loop's first step of a
+    block emits nothing, and the next kind's first step reads its last. Credited to the
+    loop (the seconds waited and the tokens), the loop's 40 tokens a step win over
+    drafting's 30; counted where they were read, drafting would have looked faster."""
+    from core.engine.draft_length import StepModes
+
+    def trial(credit: bool) -> StepModes:
+        m = StepModes(("draft", "loop"))
+        lag = 0  # the loop's tokens in flight
+        while m._trial is not None:
+            if m.mode == "draft":
+                if lag and credit:
+                    m.credit("loop", lag, 1.0)
+                    m.observe("draft", 30, 1.0)
+                else:  # the step that read the loop's last one took its tokens and wait
+                    m.observe("draft", 30 + lag, 2.0 if lag else 1.0)
+                lag = 0
+            else:
+                m.observe("loop", lag, 1.0)
+                lag = 40
+        return m
+
+    assert trial(credit=True).mode == "loop"
+    assert trial(credit=False).mode == "draft"
+
+
 def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
     make_tiny, monkeypatch
 ):

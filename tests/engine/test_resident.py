@@ -4,6 +4,8 @@ sampling's, with rows joining (the loop left and entered again), finishing at ma
 EOS and at a stop string a step before the host reads it, beside plain steps (step modes)
 and with CUDA's padded all-slot layout."""
 
+from collections import Counter
+
 import mlx.core as mx
 import pytest
 
@@ -240,3 +242,53 @@ def test_the_loops_chain_length_follows_the_machines_costs(make_tiny, adapter_ho
         chains[name], plain[name] = batch.loop_steps, batch.steps - batch.loop_steps.total()
     assert max(chains["free"]) > 1 and chains["free"].total() > 5
     assert not chains["dear"] and plain["dear"] > 20
+
+
+def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
+    make_tiny, tmp_path, monkeypatch
+):
+    """`auto` with a stored head where the loop can run: the step modes try three kinds,
+    host-synced drafting (each row's drafter chosen among prompt lookup, the suffix index
+    and the head), the head's loop and plain steps. Output is plain greedy's, and the
+    loop's steps count as the head's alone: the other drafters' statistics see steps they
+    did not draft."""
+    from core.engine.draft_length import RowPolicy
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    target = make_tiny(3)
+    store_head(target)
+    observed: dict[str, int] = {}  # drafter -> tokens it proposed, by its row statistics
+    observe = RowPolicy.observe
+
+    def counted(self, proposed, accepted):
+        name = next(n for n, st in eng.acceptance.items() if st is self.carried)
+        observed[name] = observed.get(name, 0) + proposed
+        observe(self, proposed, accepted)
+
+    monkeypatch.setattr(RowPolicy, "observe", counted)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in WORKLOAD[:3]]
+    eng = _priced(
+        Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=True, k=None), 0.02
+    )
+    batch = eng.new_batch()
+    assert [d.name for d in batch.drafters] == ["ngram", "suffix", "head"]
+    assert batch.modes.kinds == ("draft", "loop", "plain")
+    off = Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=False).new_batch()
+    assert off.modes.kinds == ("draft", "plain")  # no loop: the head drafts host-synced
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    out = sorted(batch.run(), key=lambda r: r.tag)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert all(batch.modes.steps[kind] >= batch.modes.BLOCK for kind in batch.modes.kinds)
+    loop_tokens = sum(k * n for k, n in batch.loop_steps.items())
+    assert loop_tokens > 0
+    # every loop step's drafts went to the head's statistics; the host-synced steps' to
+    # the drafter each row chose (metrics: what each drafter proposed)
+    proposed = Counter()
+    for r in out:
+        proposed.update(r.speculative["draft_tokens_by_drafter"])
+    assert observed.get("head", 0) == proposed["head"] >= loop_tokens
+    assert observed.get("ngram", 0) == proposed["ngram"]
+    # after an engine failure the batch builds its drafters again: the loop's head with them
+    batch.abandon()
+    assert batch._head is batch.drafters[-1] and batch._head.name == "head"
