@@ -294,9 +294,9 @@ class StepModes:
     each has run `TRIAL`, so all meet the same rows and the same joining prompts (a job's
     first steps prefill most of its prompts: a trial of one kind alone would charge that to
     it); once every kind has run a block, one `CLEAR` times slower than the fastest leaves
-    the trial, which ends when one kind is left. The loop's last step, read by the next
-    kind's first, is credited to the loop (`credit`); plain steps' last one counts for the
-    step that reads it, a bias the batch keeps (the README on the trials' two biases).
+    the trial, which ends when one kind is left. A double-buffered kind's last step (the
+    loop's, plain steps') is read by the next kind's first: its tokens and the wait for
+    them are credited to the kind that computed them (`credit`).
 
     Then the fastest kind runs, with a new trial after `RETRY` steps (doubling, up to
     `RETRY_MAX`, each time a trial picks the kind the previous one did: a drafter that keeps

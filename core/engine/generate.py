@@ -720,13 +720,12 @@ class Batch:
                 self._commit_loop(step, last=True)
 
     def _read_lag(self) -> None:
-        """Leaving double-buffered plain decoding: read and commit its step in flight.
-        (Its tokens count for the step that reads them: credited to plain steps, the trials
-        chose plain steps where drafting paid: the README on the trials' two biases.)"""
+        """Leaving double-buffered plain decoding: read and commit its step in flight."""
         if self._lag is not None:
             rows, tokens = self._lag
             self._lag = None
-            self._commit_plain(rows, tokens.tolist())
+            with self._drain("plain"):
+                self._commit_plain(rows, tokens.tolist())
 
     @contextmanager
     def _drain(self, kind: str) -> Iterator[None]:
