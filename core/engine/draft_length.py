@@ -302,7 +302,8 @@ class StepModes:
     `RETRY_MAX`, each time a trial picks the kind the previous one did: a drafter that keeps
     losing costs its trial steps ever more rarely; a change of winner starts again from
     `RETRY`), or as soon as the live rows have halved or doubled since the last trial (at a
-    job's tail drafting can pay where it did not at a full batch), or, while another kind
+    job's tail drafting can pay where it did not at a full batch; a step that leaves no row
+    live, between requests at batch 1, is no such change), or, while another kind
     than `draft` runs, the drafters' evidence (`Drafter.evidence`: a job's answers indexed)
     has reached `EVIDENCE` and doubled since (a job's first wave drafts from an empty index;
     the next one from all that the first wrote).
@@ -347,7 +348,8 @@ class StepModes:
         trial = self._trial
         if trial is None:
             self._since += 1
-            moved = rows is not None and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
+            # (no rows live: the batch is between requests, as at batch 1; not a change)
+            moved = rows and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
             learned = self.mode != "draft" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
             if self._since >= self._retry or moved or learned:
                 self._trial = self._new_trial()  # the current kind first, then the others
@@ -366,7 +368,7 @@ class StepModes:
             same = self.mode == self._won
             self._retry = min(2 * self._retry, self.RETRY_MAX) if same else self.RETRY
             self._won = self.mode
-            self._trial, self._since, self._rows = None, 0, rows
+            self._trial, self._since, self._rows = None, 0, rows or self._rows
             self._evidence = evidence
         elif mode not in left or t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL:
             # the next kind in turn that is still to run its trial steps

@@ -200,6 +200,9 @@ def test_step_modes_try_again_when_the_live_rows_halve():
     _run(m, {"draft": 10, "plain": 30}, 2 * m.TRIAL, rows=64)
     assert m.mode == "plain"
     assert _run(m, {"draft": 10, "plain": 30}, 5, rows=40) == ["plain"] * 5  # no new trial
+    # a step that leaves no row live (between requests, at batch 1) is no change either
+    assert _run(m, {"draft": 10, "plain": 30}, 1, rows=0) == ["plain"]
+    assert _run(m, {"draft": 10, "plain": 30}, 5, rows=64) == ["plain"] * 5
     # the job's tail: 32 rows of 64 left, and drafting pays there
     _run(m, {"draft": 10, "plain": 30}, 1, rows=32)
     _run(m, {"draft": 50, "plain": 30}, 2 * m.TRIAL, rows=32)
