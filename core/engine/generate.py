@@ -344,9 +344,12 @@ class Batch:
         self.emitted = 0  # tokens emitted by this batch's rows
         self._head = self._loop_head()
         alone = self._head is not None and len(self.drafters) == 1  # the loop is its drafting
-        kinds = ("loop", "plain") if alone else ("draft", "plain")
-        if self._head is not None and not alone:
+        if alone:
+            kinds = ("loop", "plain")
+        elif self._head is not None:
             kinds = ("draft", "loop", "plain")
+        else:
+            kinds = ("draft", "plain")
         modes = engine.step_modes
         if modes is None:  # the default: on, unless this batch's drafting is the loop alone
             modes = not alone
