@@ -274,14 +274,19 @@ class Engine:
             return self._draft_cost
         return self.draft_surface(rows, rows) / self.surface(batch, batch)
 
-    def carried(self, drafter: Drafter) -> AcceptanceStats:
-        if drafter.name not in self.acceptance:
+    def carried(self, drafter: Drafter, loop: bool = False) -> AcceptanceStats:
+        """The drafter's acceptance by draft position, carried across requests. `loop`: the
+        resident loop's, kept apart: the loop verifies the head's whole chain on every row,
+        while a host-synced step verifies the rows that chose the head, only the nodes that
+        pay (`draft_length.gate`), so each measures its own chance of a second token."""
+        key = f"{drafter.name} (loop)" if loop else drafter.name
+        if key not in self.acceptance:
             measured = drafter.prior
             stats = AcceptanceStats(measured or PRIORS.get(drafter.kind, PRIORS["ngram"]))
             if measured:  # measured offline, not guessed: rows start from it, no warm-up
                 stats.updates = WARMUP
-            self.acceptance[drafter.name] = stats
-        return self.acceptance[drafter.name]
+            self.acceptance[key] = stats
+        return self.acceptance[key]
 
     def new_batch(self, capacity: int | None = None) -> Batch:
         return Batch(self, capacity or self.batch_size)
@@ -634,8 +639,9 @@ class Batch:
     def _loop_k(self) -> int:
         """The resident loop's chain length: the engine's `k` where set, else the one whose
         expected tokens per unit of time are the most (`draft_length.chain_speedups`) from
-        the head's acceptance by draft position (carried across the engine's requests and
-        measured by the loop as it runs) and this machine's costs at the rows the loop runs
+        the head's acceptance by draft position in the loop (`Engine.carried(head,
+        loop=True)`: carried across the engine's requests and measured by the loop as it
+        runs) and this machine's costs at the rows the loop runs
         (the verify surface's width cost; the head's depths, timed); 0 where no chain beats
         plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen length changes
         (leaving the loop and entering it again: one step's sync) only for a predicted gain
@@ -648,7 +654,7 @@ class Batch:
         live = sum(s is not None and s.finish_reason is None for s in self.rows)
         rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
         speedups = chain_speedups(
-            self.engine.carried(head).gains(K_MAX),
+            self.engine.carried(head, loop=True).gains(K_MAX),
             head.step_cost(rows),
             self.engine.surface.verify_cost(rows),
         )
@@ -687,14 +693,16 @@ class Batch:
         verify step."""
         picks, accepted = step.picks.tolist(), step.accepted.tolist()
         head, w = self._head, step.picks.shape[1]
+        chains = self.engine.carried(head, loop=True)
         B = sum(s is not None for s in step.rows)
         finished = []
         for j, s in enumerate(step.rows):
             if s is None or s.finish_reason is not None:
                 continue  # not advanced, or finished meanwhile: computed for nothing
             a = accepted[j]
-            for d in self.drafters:  # the head drafted; the others did not, this step
-                s.stats[d.name].observe(w - 1 if d is head else 0, a)
+            for d in self.drafters:  # no host-synced drafting this step
+                s.stats[d.name].observe(0, a)
+            chains.observe(w - 1, a)
             s.metrics.record_step(head.name, w - 1, a, 1 + a)
             s.batch_rows += B
             self.cache.lengths[s.slot] += 1 + a

@@ -250,9 +250,10 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     """`auto` with a stored head where the loop can run: the step modes try three kinds,
     host-synced drafting (each row's drafter chosen among prompt lookup, the suffix index
     and the head), the head's loop and plain steps. Output is plain greedy's, and the
-    loop's steps count as the head's alone: the other drafters' statistics see steps they
-    did not draft."""
-    from core.engine.draft_length import RowPolicy
+    loop's steps count as the head's alone, in statistics of their own: the loop verifies
+    the whole chain on every row, unlike a host-synced step, and the rows' statistics see
+    steps no drafter drafted host-synced."""
+    from core.engine.draft_length import AcceptanceStats, RowPolicy
 
     monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
     target = make_tiny(3)
@@ -266,6 +267,15 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
         observe(self, proposed, accepted)
 
     monkeypatch.setattr(RowPolicy, "observe", counted)
+    chained: list[int] = []  # the loop's statistics: tokens proposed, each step of a row
+    stats_observe = AcceptanceStats.observe
+
+    def chain_counted(self, proposed, accepted):
+        if self is eng.acceptance.get("head (loop)"):
+            chained.append(proposed)
+        stats_observe(self, proposed, accepted)
+
+    monkeypatch.setattr(AcceptanceStats, "observe", chain_counted)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in WORKLOAD[:3]]
     eng = _priced(
         Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=True, k=None), 0.02
@@ -282,13 +292,16 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     assert all(batch.modes.steps[kind] >= batch.modes.BLOCK for kind in batch.modes.kinds)
     loop_tokens = sum(k * n for k, n in batch.loop_steps.items())
     assert loop_tokens > 0
-    # every loop step's drafts went to the head's statistics; the host-synced steps' to
-    # the drafter each row chose (metrics: what each drafter proposed)
+    # every loop step's drafts went to the loop's statistics; the host-synced steps' to
+    # the drafter each row chose (metrics: what each drafter proposed, in both)
     proposed = Counter()
     for r in out:
         proposed.update(r.speculative["draft_tokens_by_drafter"])
-    assert observed.get("head", 0) == proposed["head"] >= loop_tokens
+    assert sum(chained) >= loop_tokens and set(chained) == set(batch.loop_steps)
+    assert observed.get("head", 0) + sum(chained) == proposed["head"]
     assert observed.get("ngram", 0) == proposed["ngram"]
+    # the loop's chain length is chosen from the loop's statistics alone
+    assert eng.acceptance["head (loop)"] is not eng.acceptance["head"]
     # after an engine failure the batch builds its drafters again: the loop's head with them
     batch.abandon()
     assert batch._head is batch.drafters[-1] and batch._head.name == "head"
