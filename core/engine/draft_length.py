@@ -296,7 +296,11 @@ class StepModes:
     it); once every kind has run a block, one `CLEAR` times slower than the fastest leaves
     the trial, which ends when one kind is left. A double-buffered kind's last step (the
     loop's, plain steps') is read by the next kind's first: its tokens and the wait for
-    them are credited to the kind that computed them (`credit`).
+    them are credited to the kind that computed them (`credit`). A kind that left the last
+    trial clearly slower runs a first block of `PROBE` steps in the next one, not `BLOCK`:
+    it leaves again after that if it is still as slow (on an accelerator a host-synced
+    drafting step can cost four plain ones, and on a short job the next trials come as its
+    rows finish), and runs its blocks as the others do if it is not.
 
     Then the fastest kind runs, with a new trial after `RETRY` steps (doubling, up to
     `RETRY_MAX`, each time a trial picks the kind the previous one did: a drafter that keeps
@@ -311,6 +315,7 @@ class StepModes:
 
     TRIAL = 8
     BLOCK = 4
+    PROBE = 1
     RETRY = 64
     RETRY_MAX = 512
     CLEAR = 2.0
@@ -322,6 +327,7 @@ class StepModes:
         self.mode = self.kinds[0]
         self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
         self._out: set[str] = set()  # kinds that left the current trial, clearly slower
+        self._block = dict.fromkeys(self.kinds, self.BLOCK)  # each kind's first block
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
         self._evidence = 0  # the drafters' evidence when it ended
@@ -353,12 +359,13 @@ class StepModes:
             learned = self.mode != "draft" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
             if self._since >= self._retry or moved or learned:
                 self._trial = self._new_trial()  # the current kind first, then the others
+                self._block = {m: self.PROBE if m in self._out else self.BLOCK for m in self.kinds}
                 self._out = set()
             return
         t = trial[mode]
         t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
         rates = {m: (tok / sec if sec > 0 else 0.0) for m, (_, tok, sec) in trial.items()}
-        if all(n >= self.BLOCK for n, _, _ in trial.values()):
+        if all(trial[m][0] >= self._block[m] for m in self.kinds):
             best = max(rates.values())
             self._out |= {m for m in self.kinds if best >= self.CLEAR * rates[m]}
         left = [m for m in self.kinds if m not in self._out]
@@ -370,7 +377,7 @@ class StepModes:
             self._won = self.mode
             self._trial, self._since, self._rows = None, 0, rows or self._rows
             self._evidence = evidence
-        elif mode not in left or t[0] % self.BLOCK == 0 or t[0] >= self.TRIAL:
+        elif mode not in left or t[0] >= self.TRIAL or (t[0] - self._block[mode]) % self.BLOCK == 0:
             # the next kind in turn that is still to run its trial steps
             turn = self.kinds.index(mode)
             order = self.kinds[turn + 1 :] + self.kinds[: turn + 1]

@@ -173,14 +173,16 @@ def test_trials_that_keep_picking_the_same_kind_come_ever_more_rarely():
     B, R = m.BLOCK, m.RETRY
     seen = _run(m, {"draft": 10, "plain": 30}, 1600)  # drafting loses every trial, clearly
     starts = [i for i, x in enumerate(seen) if x == "draft" and (i == 0 or seen[i - 1] == "plain")]
-    # The first trial drafts first; later ones run a plain block, then a draft block, after
-    # RETRY, 2 x RETRY, ... plain steps, up to RETRY_MAX.
+    # The first trial drafts first, a block; later ones run a plain block, then drafting
+    # PROBE steps (it lost clearly: it leaves again after those), after RETRY, 2 x RETRY,
+    # ... plain steps, up to RETRY_MAX.
+    P = m.PROBE
     want, end = [0], 2 * B
     for retry in (R, 2 * R, 4 * R, m.RETRY_MAX, m.RETRY_MAX):
         want.append(end + retry + B)
-        end = want[-1] + B
+        end = want[-1] + P
     assert starts == want
-    assert all(len(set(seen[s : s + B])) == 1 for s in starts)  # a block each time
+    assert seen[:B] == ["draft"] * B and seen.count("draft") == B + P * (len(starts) - 1)
     # A trial that picks the other kind starts again from RETRY.
     _run(m, {"draft": 70, "plain": 30}, 2000)
     assert m.mode == "draft" and m._retry > R
@@ -227,8 +229,9 @@ def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
     run(slow, 2 * m.BLOCK, 0)  # the first trial: drafting loses clearly
     assert m.mode == "plain"
     assert run(slow, 5, m.EVIDENCE - 1) == ["plain"] * 5  # not enough learned yet
-    run(slow, 1, m.EVIDENCE)  # enough: a new trial, where drafting still loses
-    assert run(slow, 2 * m.BLOCK, m.EVIDENCE) == ["plain"] * m.BLOCK + ["draft"] * m.BLOCK
+    run(slow, 1, m.EVIDENCE)  # enough: a new trial, where drafting still loses (a probe)
+    B, P = m.BLOCK, m.PROBE
+    assert run(slow, 2 * B, m.EVIDENCE) == ["plain"] * B + ["draft"] * P + ["plain"] * (B - P)
     assert m.mode == "plain"
     assert run(slow, 5, 2 * m.EVIDENCE - 1) == ["plain"] * 5  # under twice: no trial
     run(slow, 1, 2 * m.EVIDENCE)  # twice what it was at the last trial: now drafting wins
@@ -254,10 +257,29 @@ def test_three_kinds_take_turns_and_a_clear_loser_leaves_the_trial():
     seen = _run(m, {"draft": 10, "loop": 40, "plain": 30}, 3 * B + 2 * (T - B))
     assert seen == ["draft"] * B + ["loop"] * B + ["plain"] * B + ["loop"] * B + ["plain"] * B
     assert m.mode == "loop" and m._trial is None and m.rate["draft"] == 10.0
-    # the next trial starts with the kind that runs, then the others in turn
+    # the next trial starts with the kind that runs, then the others in turn; drafting,
+    # which left the last one clearly slower, runs PROBE steps and leaves again
     _run(m, {"draft": 10, "loop": 40, "plain": 30}, m.RETRY)
-    seen = _run(m, {"draft": 10, "loop": 40, "plain": 30}, 3 * B)
-    assert seen == ["loop"] * B + ["plain"] * B + ["draft"] * B
+    P = m.PROBE
+    seen = _run(m, {"draft": 10, "loop": 40, "plain": 30}, 3 * B + P)
+    assert seen == ["loop"] * B + ["plain"] * B + ["draft"] * P + ["loop"] * B
+    assert m._out == {"draft"} and m._trial is not None  # loop and plain: TRIAL steps each
+    assert _run(m, {"draft": 10, "loop": 40, "plain": 30}, B) == ["plain"] * B
+    assert m.mode == "loop" and m._trial is None
+    # a probe that finds the kind no longer clearly slower: it runs its blocks in turn
+    _run(m, {"draft": 10, "loop": 40, "plain": 30}, 2 * m.RETRY)
+    close = {"draft": 35, "loop": 40, "plain": 30}
+    seen = _run(m, close, 2 * T + T)
+    assert seen == (
+        ["loop"] * B
+        + ["plain"] * B
+        + ["draft"] * P
+        + ["loop"] * B
+        + ["plain"] * B
+        + ["draft"] * B
+        + ["draft"] * (T - P - B)
+    )
+    assert m.mode == "loop" and m._trial is None and m.rate["draft"] == 35.0
 
 
 def test_work_a_later_step_reads_is_credited_to_the_kind_that_computed_it():
