@@ -347,11 +347,11 @@ class Batch:
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
         self.steps = 0
         self.emitted = 0  # tokens emitted by this batch's rows
-        self._head = self._loop_head()
-        alone = self._head is not None and len(self.drafters) == 1  # the loop is its drafting
+        self._loop_head = self._choose_loop_head()
+        alone = self._loop_head is not None and len(self.drafters) == 1  # the loop is its drafting
         if alone:
             kinds = ("loop", "plain")
-        elif self._head is not None:
+        elif self._loop_head is not None:
             kinds = ("draft", "loop", "plain")
         else:
             kinds = ("draft", "plain")
@@ -621,7 +621,7 @@ class Batch:
         self.steps += 1
         return results
 
-    def _loop_head(self) -> FeatureHeadDrafter | None:
+    def _choose_loop_head(self) -> FeatureHeadDrafter | None:
         """The feature head drafting chains, when one is in play and the engine runs the
         resident loop: the loop's drafter."""
         heads = [d for d in self.drafters if isinstance(d, FeatureHeadDrafter) and d.width == 1]
@@ -629,7 +629,7 @@ class Batch:
 
     def _resident_ok(self) -> bool:
         """Whether this step can run in the resident loop (Engine's `resident`)."""
-        if self._head is None:
+        if self._loop_head is None:
             return False
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
@@ -650,7 +650,7 @@ class Batch:
             return self.engine.k
         if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
             return self._chain[0]
-        head = self._head
+        head = self._loop_head
         live = sum(s is not None and s.finish_reason is None for s in self.rows)
         rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
         speedups = chain_speedups(
@@ -672,7 +672,7 @@ class Batch:
             decode = [s for s in self.rows if s is not None and s.decoding]
             if not decode:
                 return self._results()
-            head = self._head
+            head = self._loop_head
             k = self._loop_k()
             draft = head.propose(decode, [k] * len(decode))
             self._loop = ResidentLoop(self, head, decode, draft.tokens[:, :k])
@@ -692,7 +692,7 @@ class Batch:
         (the loop ends) hands the head each row's last one to read again, as after a
         verify step."""
         picks, accepted = step.picks.tolist(), step.accepted.tolist()
-        head, w = self._head, step.picks.shape[1]
+        head, w = self._loop_head, step.picks.shape[1]
         chains = self.engine.carried(head, loop=True)
         B = sum(s is not None for s in step.rows)
         finished = []
@@ -803,7 +803,7 @@ class Batch:
         self.cache = BatchKVCache(self.target.num_layers, self.capacity)
         self._draft_model_drafter = None
         self.drafters = self.engine.entry.build(self, self.engine.arg)
-        self._head = self._loop_head()
+        self._loop_head = self._choose_loop_head()
         return tags
 
     def _admissible(self) -> bool:

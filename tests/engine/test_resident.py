@@ -277,9 +277,7 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
 
     monkeypatch.setattr(AcceptanceStats, "observe", chain_counted)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in WORKLOAD[:3]]
-    eng = _priced(
-        Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=True, k=None), 0.02
-    )
+    eng = _priced(Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=True), 0.02)
     batch = eng.new_batch()
     assert [d.name for d in batch.drafters] == ["ngram", "suffix", "head"]
     assert batch.modes.kinds == ("draft", "loop", "plain")
@@ -304,4 +302,4 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     assert eng.acceptance["head (loop)"] is not eng.acceptance["head"]
     # after an engine failure the batch builds its drafters again: the loop's head with them
     batch.abandon()
-    assert batch._head is batch.drafters[-1] and batch._head.name == "head"
+    assert batch._loop_head is batch.drafters[-1] and batch._loop_head.name == "head"
