@@ -305,12 +305,16 @@ class StepModes:
     Then the fastest kind runs, with a new trial after `RETRY` steps (doubling, up to
     `RETRY_MAX`, each time a trial picks the kind the previous one did: a drafter that keeps
     losing costs its trial steps ever more rarely; a change of winner starts again from
-    `RETRY`), or as soon as the live rows have halved or doubled since the last trial (at a
-    job's tail drafting can pay where it did not at a full batch; a step that leaves no row
-    live, between requests at batch 1, is no such change), or, while another kind
-    than `draft` runs, the drafters' evidence (`Drafter.evidence`: a job's answers indexed)
-    has reached `EVIDENCE` and doubled since (a job's first wave drafts from an empty index;
-    the next one from all that the first wrote).
+    `RETRY`), or as soon as the live rows have halved or doubled since the last trial and
+    the price of a draft token at them (`price`: the verify surface's, `token_cost`) has
+    moved by `PRICE_MOVE` of a plain token's or more (at a job's tail drafting can pay
+    where it did not at a full batch, on a machine whose verify is compute-bound there;
+    where the price is flat, an accelerator's, the rows' count changes nothing; a step that
+    leaves no row live, between requests at batch 1, is no such change either), or, while
+    another kind than `draft` runs, the drafters' evidence (`Drafter.evidence`: a job's
+    answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave drafts
+    from an empty index; the next one from all that the first wrote). That trial is
+    between drafting and the kind that runs: what the drafters learned changes no other.
     """
 
     TRIAL = 8
@@ -320,14 +324,21 @@ class StepModes:
     RETRY_MAX = 512
     CLEAR = 2.0
     EVIDENCE = 8
+    PRICE_MOVE = 0.1
 
-    def __init__(self, kinds: tuple[str, ...] = ("draft", "plain")):
+    def __init__(
+        self,
+        kinds: tuple[str, ...] = ("draft", "plain"),
+        price: Callable[[int], float] | None = None,
+    ):
         self.kinds = tuple(kinds)
+        self.price = price  # live rows -> a draft token's price (None: the rows alone)
         self.rate: dict[str, float | None] = dict.fromkeys(self.kinds)
         self.mode = self.kinds[0]
-        self._trial: dict[str, list] | None = self._new_trial()  # None: not in a trial
+        self._lost: set[str] = set()  # kinds that left the last trial they ran in so
         self._out: set[str] = set()  # kinds that left the current trial, clearly slower
-        self._block = dict.fromkeys(self.kinds, self.BLOCK)  # each kind's first block
+        self._block: dict[str, int] = {}  # each kind's first block in the current trial
+        self._trial: dict[str, list] | None = self._new_trial(self.kinds)  # None: none now
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
         self._evidence = 0  # the drafters' evidence when it ended
@@ -335,13 +346,24 @@ class StepModes:
         self._won: str | None = None  # the kind the last trial picked
         self.steps = dict.fromkeys(self.kinds, 0)  # steps run of each kind
 
-    def _new_trial(self) -> dict[str, list]:
-        return {m: [0, 0, 0.0] for m in self.kinds}  # steps, tokens, seconds
+    def _new_trial(self, kinds) -> dict[str, list]:
+        """A trial of `kinds`, the current one first, then the others in turn."""
+        self._block = {m: self.PROBE if m in self._lost else self.BLOCK for m in kinds}
+        self._out = set()
+        return {m: [0, 0, 0.0] for m in self.kinds if m in kinds}  # steps, tokens, seconds
+
+    def _moved(self, rows: int | None) -> bool:
+        """Whether the live rows changed enough since the last trial to try again."""
+        if not rows or not self._rows or self._rows < 2 * rows < 4 * self._rows:
+            return False  # (no rows live: between requests, as at batch 1; not a change)
+        return (
+            self.price is None or abs(self.price(rows) - self.price(self._rows)) >= self.PRICE_MOVE
+        )
 
     def credit(self, mode: str, tokens: int, seconds: float) -> None:
         """Tokens a step of `mode` computed that a later step read, and the seconds the
         later one waited for them."""
-        if self._trial is not None:
+        if self._trial is not None and mode in self._trial:
             t = self._trial[mode]
             t[1], t[2] = t[1] + tokens, t[2] + seconds
 
@@ -354,24 +376,25 @@ class StepModes:
         trial = self._trial
         if trial is None:
             self._since += 1
-            # (no rows live: the batch is between requests, as at batch 1; not a change)
-            moved = rows and self._rows and not (self._rows < 2 * rows < 4 * self._rows)
             learned = self.mode != "draft" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
-            if self._since >= self._retry or moved or learned:
-                self._trial = self._new_trial()  # the current kind first, then the others
-                self._block = {m: self.PROBE if m in self._out else self.BLOCK for m in self.kinds}
-                self._out = set()
+            if self._since >= self._retry or self._moved(rows):
+                self._trial = self._new_trial(self.kinds)
+            elif learned and "draft" in self.kinds:
+                self._trial = self._new_trial((self.mode, "draft"))
+            return
+        if mode not in trial:
             return
         t = trial[mode]
         t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
         rates = {m: (tok / sec if sec > 0 else 0.0) for m, (_, tok, sec) in trial.items()}
-        if all(trial[m][0] >= self._block[m] for m in self.kinds):
+        if all(trial[m][0] >= self._block[m] for m in trial):
             best = max(rates.values())
-            self._out |= {m for m in self.kinds if best >= self.CLEAR * rates[m]}
-        left = [m for m in self.kinds if m not in self._out]
+            self._out |= {m for m in trial if best >= self.CLEAR * rates[m]}
+        left = [m for m in trial if m not in self._out]
         if len(left) == 1 or all(trial[m][0] >= self.TRIAL for m in left):  # the trial ended
-            self.rate = rates
-            self.mode = max(self.kinds, key=lambda m: rates[m])
+            self.rate = {**self.rate, **rates}
+            self.mode = max(trial, key=lambda m: rates[m])
+            self._lost = (self._lost - set(trial)) | self._out
             same = self.mode == self._won
             self._retry = min(2 * self._retry, self.RETRY_MAX) if same else self.RETRY
             self._won = self.mode

@@ -358,7 +358,7 @@ class Batch:
         modes = engine.step_modes
         if modes is None:  # the default: on, unless this batch's drafting is the loop alone
             modes = not alone
-        self.modes = StepModes(kinds) if self.drafters and modes else None
+        self.modes = StepModes(kinds, self._draft_price) if self.drafters and modes else None
         self._kind = kinds[0]  # the kind of step that runs without step modes
         self._mode = self._kind  # the kind of the step that ran last (StepModes' kinds)
         # Work a step read that an earlier step of another kind computed: (kind, tokens,
@@ -620,6 +620,11 @@ class Batch:
         self._lag = launched
         self.steps += 1
         return results
+
+    def _draft_price(self, rows: int) -> float:
+        """What a draft token a row costs to verify at `rows` rows (`token_cost`): what the
+        step modes watch as the rows change."""
+        return token_cost(self.engine.surface, rows, 2 * rows)
 
     def _choose_loop_head(self) -> FeatureHeadDrafter | None:
         """The feature head drafting chains, when one is in play and the engine runs the

@@ -211,6 +211,50 @@ def test_step_modes_try_again_when_the_live_rows_halve():
     assert m.mode == "draft" and m.rate["draft"] == 50.0
 
 
+def test_rows_that_halve_start_a_trial_only_where_a_draft_token_changes_price():
+    """Where the verify surface prices a draft token the same at the new rows (a GPU's flat
+    surface), the rows halving at a job's tail start no trial; where the price has moved by
+    PRICE_MOVE or more since the last trial (a CPU's compute-bound surface), they do."""
+    from core.engine.draft_length import StepModes
+
+    slow = {"draft": 10, "plain": 30}
+    flat = StepModes(price=lambda rows: 0.0)
+    _run(flat, slow, 2 * flat.BLOCK, rows=64)
+    assert flat.mode == "plain" and flat._trial is None
+    assert _run(flat, slow, 20, rows=32) + _run(flat, slow, 20, rows=4) == ["plain"] * 40
+    cpu = {64: 0.41, 32: 0.39, 16: 0.34, 8: 0.19}  # this CPU's surface, roughly
+    m = StepModes(price=cpu.__getitem__)
+    _run(m, slow, 2 * m.BLOCK, rows=64)
+    assert _run(m, slow, 5, rows=32) + _run(m, slow, 5, rows=16) == ["plain"] * 10
+    _run(m, slow, 1, rows=8)  # 0.19 against 0.41 at the last trial: a new one
+    assert m._trial is not None and set(m._trial) == {"draft", "plain"}
+
+
+def test_what_the_drafters_learned_is_tried_against_the_kind_that_runs_alone():
+    """A trial started by the drafters' evidence doubling is between drafting and the kind
+    that runs: the loop's and plain steps' rates do not depend on a suffix index, so plain
+    steps are not tried again there. Drafting, clearly slower in the last trial, probes."""
+    from core.engine.draft_length import StepModes
+
+    m = StepModes(("draft", "loop", "plain"))
+    B, P = m.BLOCK, m.PROBE
+    slow = {"draft": 10, "loop": 40, "plain": 30}
+    seen = []
+    for _ in range(3 * B + 2 * B + 3):
+        seen.append(m.mode)
+        m.observe(m.mode, slow[m.mode], 1.0, 64, 0)
+    assert m.mode == "loop" and seen[-3:] == ["loop"] * 3
+    m.observe("loop", 40, 1.0, 64, m.EVIDENCE)  # the index holds EVIDENCE answers
+    assert m._trial is not None and set(m._trial) == {"loop", "draft"}
+    seen = []
+    for _ in range(B + P + 4):
+        seen.append(m.mode)
+        m.observe(m.mode, slow[m.mode], 1.0, 64, m.EVIDENCE)
+    assert seen == ["loop"] * B + ["draft"] * P + ["loop"] * 4
+    assert m._trial is None and m.mode == "loop" and m.steps["plain"] == 2 * B
+    assert m.rate["plain"] == 30.0  # from the full trial, kept
+
+
 def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
     """A job's first wave drafts from an empty suffix index and loses; once the index holds
     `EVIDENCE` answers, and again each time that doubles, drafting is measured anew."""
