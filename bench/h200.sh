@@ -260,12 +260,12 @@ resident-chosen)  # ADAPTER=a stored head's file -> h200-resident-chosen-b49.txt
     > "$OUT/h200-resident-chosen-b1.txt" 2>&1 || true
   grep -v "first steps" "$OUT"/h200-resident-chosen-b*.txt | cut -c1-260
   ;;
-auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-loop-b1.txt, h200-auto-loop-labeling.txt: `auto` with the head stored (its step modes try host-synced drafting, the head's resident loop and plain steps) against none and `head` (the loop alone), in interleaved rounds (R49, 3 unless set) on the 49 held-out open prompts at 49 rows, then at batch 1 (12 prompts of up to 64 tokens), then on a 256-item labeling job at 64 rows beside `ngram` and `suffix` (LAB_S=0 leaves it out)
+auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-loop-b1.txt, h200-auto-loop-labeling.txt: `auto` with the head stored (its step modes try host-synced drafting, the head's resident loop and plain steps) against none and `head` (the loop alone), in interleaved rounds (R49, 3 unless set) on the 49 held-out open prompts at 49 rows, then at batch 1 (12 prompts of up to 64 tokens), then on a 256-item labeling job at 64 rows beside `ngram` and `suffix` (B49_S=0, B1_S=0, LAB_S=0 leave each out)
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
-  R=${R49:-3} timeout ${B49_S:-300} python3 bench/step_split.py "$HOME/open-held-out.jsonl" '["none", {}]' \
-    '["auto", {}]' '["head", {}]' > "$OUT/h200-auto-loop-b49.txt" 2>&1 || true
+  [ "${B49_S:-300}" = 0 ] || R=${R49:-3} timeout ${B49_S:-300} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
+    '["none", {}]' '["auto", {}]' '["head", {}]' > "$OUT/h200-auto-loop-b49.txt" 2>&1 || true
   [ "${B1_S:-120}" = 0 ] || N=12 M=64 R=3 timeout ${B1_S:-120} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
     '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' '["head", {"batch_size": 1}]' \
     > "$OUT/h200-auto-loop-b1.txt" 2>&1 || true
