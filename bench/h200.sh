@@ -271,7 +271,7 @@ auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-
     > "$OUT/h200-auto-loop-b1.txt" 2>&1 || true
   if [ "${LAB_S:-200}" != 0 ]; then
     python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
-    N=256 R=3 timeout ${LAB_S:-200} python3 bench/step_split.py "$HOME/labeling-256.jsonl" '["ngram", {}]' \
+    N=256 R=${RLAB:-3} timeout ${LAB_S:-200} python3 bench/step_split.py "$HOME/labeling-256.jsonl" '["ngram", {}]' \
       '["none", {}]' '["suffix", {}]' '["auto", {}]' > "$OUT/h200-auto-loop-labeling.txt" 2>&1 || true
   fi
   grep -v "first steps" "$OUT"/h200-auto-loop-*.txt | cut -c1-300
