@@ -338,7 +338,8 @@ class StepModes:
         self._lost: set[str] = set()  # kinds that left the last trial they ran in so
         self._out: set[str] = set()  # kinds that left the current trial, clearly slower
         self._block: dict[str, int] = {}  # each kind's first block in the current trial
-        self._trial: dict[str, list] | None = self._new_trial(self.kinds)  # None: none now
+        self._trial: dict[str, list] | None = None  # steps, tokens, seconds by kind; None: none
+        self._start_trial(self.kinds)
         self._since = 0  # steps since the last trial ended
         self._rows: int | None = None  # live rows when it ended
         self._evidence = 0  # the drafters' evidence when it ended
@@ -346,11 +347,11 @@ class StepModes:
         self._won: str | None = None  # the kind the last trial picked
         self.steps = dict.fromkeys(self.kinds, 0)  # steps run of each kind
 
-    def _new_trial(self, kinds) -> dict[str, list]:
+    def _start_trial(self, kinds: tuple[str, ...]) -> None:
         """A trial of `kinds`, the current one first, then the others in turn."""
+        self._trial = {m: [0, 0, 0.0] for m in self.kinds if m in kinds}
         self._block = {m: self.PROBE if m in self._lost else self.BLOCK for m in kinds}
         self._out = set()
-        return {m: [0, 0, 0.0] for m in self.kinds if m in kinds}  # steps, tokens, seconds
 
     def _moved(self, rows: int | None) -> bool:
         """Whether the live rows changed enough since the last trial to try again."""
@@ -378,11 +379,9 @@ class StepModes:
             self._since += 1
             learned = self.mode != "draft" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
             if self._since >= self._retry or self._moved(rows):
-                self._trial = self._new_trial(self.kinds)
+                self._start_trial(self.kinds)
             elif learned and "draft" in self.kinds:
-                self._trial = self._new_trial((self.mode, "draft"))
-            return
-        if mode not in trial:
+                self._start_trial((self.mode, "draft"))
             return
         t = trial[mode]
         t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
