@@ -10,6 +10,7 @@ import mlx.core as mx
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.draft_length import StepModes
 from core.engine.generate import Batch
 from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
@@ -73,6 +74,9 @@ def test_resident_greedy_output_is_plain_greedy(
     target = make_tiny(3)
     store_head(target, vocab=vocab)
     seen = _counted(monkeypatch)
+    if modes:  # a trial every 8 steps: the loop is left and entered again whichever wins
+        monkeypatch.setattr(StepModes, "RETRY", 8)
+        monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
     reqs = [
         (target.encode_prompt(p), GenerationParams(max_tokens=9 + 5 * i))
         for i, p in enumerate(WORKLOAD[:7])
@@ -83,8 +87,8 @@ def test_resident_greedy_output_is_plain_greedy(
     out = _priced(eng, 0.02).generate_many(reqs)
     seen = dict(seen)  # (not the plain runs below)
     assert [r.tokens for r in out] == _plain(target, reqs)
-    if modes:  # plain steps (the step modes' trials) and loop steps, in turn
-        assert seen["steps"] > 3 and seen["plain"] > 3
+    if modes:  # plain steps and loop steps, in turn
+        assert seen["steps"] > 3 and seen["plain"] > 3 and seen["entries"] >= 2
     else:
         assert seen["steps"] > 20 and seen["entries"] >= 2 and seen["plain"] == 0
     spec = [r.speculative for r in out]
