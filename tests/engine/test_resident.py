@@ -307,3 +307,54 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     # after an engine failure the batch builds its drafters again: the loop's head with them
     batch.abandon()
     assert batch._loop_head is batch.drafters[-1] and batch._loop_head.name == "head"
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_each_kind_of_step_drafts_with_its_own_drafters(make_tiny, tmp_path, monkeypatch, resident):
+    """Under `auto`, where the step modes weigh the head's loop as a kind of its own, the
+    `draft` kind's host-synced steps choose among prompt lookup and the suffix index, and
+    the loop's kind drafts with the head alone (host-synced in a step where the loop cannot
+    run: rows joining, a row asking for log-probabilities). Without the loop, the head drafts host-synced beside the others as
+    before. Output is plain greedy's either way."""
+    from core.engine.drafters.feature_head import FeatureHeadDrafter
+    from core.engine.drafters.ngram import NgramDrafter
+    from core.engine.drafters.suffix import SuffixDrafter
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: every kind runs many steps
+    monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
+    target = make_tiny(3)
+    store_head(target)
+    by_kind: dict[str, Counter[str]] = {"head": Counter(), "lookup": Counter()}
+
+    def recorded(cls, who):
+        propose = cls.propose
+
+        def wrapped(self, rows, ks):
+            if batch._loop is None and not (batch._mode == "loop" and batch._resident_ok()):
+                by_kind[who][batch._mode] += 1  # a host-synced step's (not the loop's entry)
+            return propose(self, rows, ks)
+
+        monkeypatch.setattr(cls, "propose", wrapped)
+
+    recorded(FeatureHeadDrafter, "head")
+    recorded(NgramDrafter, "lookup")
+    recorded(SuffixDrafter, "lookup")
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in WORKLOAD[:6]]
+    # a row asking for log-probabilities: while it runs, the loop's kind drafts host-synced
+    reqs[0] = (reqs[0][0], GenerationParams(max_tokens=60, logprobs=True))
+    eng = _priced(Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=resident), 0.02)
+    batch = eng.new_batch()
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    out = sorted(batch.run(), key=lambda r: r.tag)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert batch.modes.steps["draft"] >= batch.modes.BLOCK
+    assert by_kind["lookup"]["draft"] >= batch.modes.BLOCK
+    if resident:
+        assert by_kind["head"]["draft"] == 0
+        assert by_kind["lookup"]["loop"] == 0
+        assert by_kind["head"]["loop"] > 0
+        assert sum(batch.loop_steps.values()) > 0
+    else:
+        assert by_kind["head"]["draft"] > 0  # the same rows choose the head where no loop runs
