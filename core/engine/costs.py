@@ -130,8 +130,9 @@ def measure_surface(
     repeats: int = 2,
     progress=lambda s: None,
 ) -> CostSurface:
-    """Time forwards of B rows x W tokens after a `context`-token prefix per row (best of
-    `repeats`, made non-decreasing in W and in B)."""
+    """Time forwards of B rows x W tokens after a `context`-token prefix per row (each
+    width's best of `repeats` rounds over all widths, `interleaved_ms`; made non-decreasing
+    in W and in B)."""
     vocab = model.model.embed_tokens.weight.shape[0]
     layers = len(model.model.layers)
     grid = []
@@ -142,12 +143,12 @@ def measure_surface(
         prefix = np.random.default_rng(0).integers(0, vocab, (b, context)).tolist()
         mx.eval(forward(model, cache, [Segment(rows, prefix, logits="none")]))
         cache.lengths[:] = context
-        row = []
+        runs = []
         for w in widths:
             toks = np.random.default_rng(w).integers(0, vocab, (b, w)).tolist()
             seg = [Segment(rows, toks)]
-            row.append(best_ms(lambda c=cache, seg=seg: forward(model, c, seg), repeats))
-        grid.append(row)
+            runs.append(lambda c=cache, seg=seg: forward(model, c, seg))
+        grid.append(interleaved_ms(runs, repeats))
         del cache
     g = np.maximum.accumulate(np.maximum.accumulate(np.asarray(grid), axis=1), axis=0)
     return CostSurface(tuple(batches), tuple(widths), tuple(tuple(map(float, r)) for r in g))
@@ -157,13 +158,24 @@ def best_ms(run: Callable[[], object], repeats: int = 2) -> float:
     """Milliseconds `mx.eval(run())` takes on this machine: once to warm up (kernels and
     attention graphs built for these shapes, work already in flight finished), then the
     best of `repeats` (the least-disturbed run: other load only adds time)."""
-    mx.eval(run())
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    return interleaved_ms([run], repeats)[0]
+
+
+def interleaved_ms(runs: Sequence[Callable[[], object]], repeats: int = 2) -> list[float]:
+    """`best_ms` of each run, timed in `repeats` rounds that run each once in turn (after
+    one warm-up each): a burst of other load on a shared machine then slows one round of
+    several runs, not every timing of one (this CPU once kept 489 ms for 64 rows of 2
+    tokens, between 255 for 1 and 735 for 4, where other days gave 1.4-1.6x one token's
+    cost: a second token priced at 0.9 of a plain one, rows declined nearly every draft)."""
+    for run in runs:
         mx.eval(run())
-        best = min(best, time.perf_counter() - t0)
-    return 1000 * best
+    best = [float("inf")] * len(runs)
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            mx.eval(run())
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return [1000 * b for b in best]
 
 
 def data_dir() -> Path:
