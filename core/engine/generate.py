@@ -633,16 +633,23 @@ class Batch:
         return heads[0] if self.engine.resident and heads else None
 
     def _host_drafters(self) -> list[Drafter]:
-        """The drafters a host-synced step's rows choose among. Where the step modes weigh
-        the head's loop as a kind of its own beside host-synced drafting, each kind drafts
-        with its own: the `draft` kind with the others, the loop's kind with the head alone
-        (host-synced where the loop cannot run: rows joining, or asking for
-        log-probabilities). Each kind's measured rate is then that of its own drafters: a
-        host-synced step whose rows choose the head waits for its sequential depths (on an
-        H100, labeling-256 at 64 rows: 32 ms a host-synced step of `auto` with a head, 18 ms
-        of `suffix` alone, plain steps 10-12)."""
+        """The drafters a host-synced step's rows choose among, by the step modes' kind of
+        the step, so that each kind's measured rate is that of its own drafters:
+        - `plain`: none. A plain step syncs where a row's next token needs the host (a row
+          asking for log-probabilities or penalties); it verifies one token a row all the
+          same, as a double-buffered one does.
+        - where the head's loop is a kind of its own beside host-synced drafting, `draft`
+          drafts with the others, and the loop's kind with the head alone where the loop
+          cannot run (rows joining, a row asking for log-probabilities). A host-synced
+          step whose rows choose the head waits for its sequential depths: on an H100,
+          labeling-256 at 64 rows, 32 ms a host-synced step of `auto` with a head, 18 ms
+          of `suffix` alone, where plain steps took 10-12."""
+        if self.modes is None:
+            return self.drafters
+        if self._mode == "plain":
+            return []
         head = self._loop_head
-        if self.modes is None or head is None or self._mode == "plain":
+        if head is None:
             return self.drafters
         if self._mode == "loop":
             return [head]

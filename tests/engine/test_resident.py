@@ -314,8 +314,9 @@ def test_each_kind_of_step_drafts_with_its_own_drafters(make_tiny, tmp_path, mon
     """Under `auto`, where the step modes weigh the head's loop as a kind of its own, the
     `draft` kind's host-synced steps choose among prompt lookup and the suffix index, and
     the loop's kind drafts with the head alone (host-synced in a step where the loop cannot
-    run: rows joining, a row asking for log-probabilities). Without the loop, the head drafts host-synced beside the others as
-    before. Output is plain greedy's either way."""
+    run: rows joining, a row asking for log-probabilities). Without the loop, the head
+    drafts host-synced beside the others as before. Plain steps draft nothing, also where
+    they sync (that row). Output is plain greedy's either way."""
     from core.engine.drafters.feature_head import FeatureHeadDrafter
     from core.engine.drafters.ngram import NgramDrafter
     from core.engine.drafters.suffix import SuffixDrafter
@@ -351,6 +352,8 @@ def test_each_kind_of_step_drafts_with_its_own_drafters(make_tiny, tmp_path, mon
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert batch.modes.steps["draft"] >= batch.modes.BLOCK
     assert by_kind["lookup"]["draft"] >= batch.modes.BLOCK
+    assert batch.modes.steps["plain"] > 0
+    assert by_kind["lookup"]["plain"] == by_kind["head"]["plain"] == 0  # plain, though synced
     if resident:
         assert by_kind["head"]["draft"] == 0
         assert by_kind["lookup"]["loop"] == 0
