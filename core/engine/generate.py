@@ -137,7 +137,8 @@ class Engine:
         step_modes: a batch measures its kinds of step against each other (wall time,
             host work included) and runs the fastest (draft_length.StepModes): host-synced
             drafting steps, the resident loop where the batch can run it (`resident`, with
-            the feature head among its drafters) and plain double-buffered steps; False
+            the feature head among its drafters: host-synced steps then draft with the
+            others, `Batch._host_drafters`) and plain steps (double-buffered); False
             drafts on every step the policy pays for. Off with a fixed `k`. None = on,
             except in a batch whose one drafter is the head running the loop: there the
             trials chose plain steps that lost (at 49 rows on an H100 the loop ran 1.23x
