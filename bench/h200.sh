@@ -27,19 +27,30 @@ a = load(dst, t)
 print("adapter:", a.kind, a.layer, round(a.agreement, 3), read_meta(dst).get("tokens"), "positions trained")
 PY
 }
-# The verify-cost surface measured on this GPU before (bench/results/h200-cost-surface-smollm2.json),
-# kept under this checkout's key for it: the probe costs minutes of device time per fresh host.
-python3 - <<'PY'
-import json, pathlib
+# The verify-cost surface measured on this kind of GPU before (bench/results/<gpu>-cost-surface-
+# smollm2.json: h200, h100), kept under this checkout's key for it: the probe costs a minute or
+# more of device time per fresh host. A GPU with no file (or SURFACE=measure) is measured here,
+# and the file comes back in $OUT. The key holds the GPU's name (costs.machine_key), so an H100
+# host never prices its steps with the H200's surface.
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE '[HABL][0-9]+' | head -1 | tr 'A-Z' 'a-z')
+KEPT=bench/results/${GPU:-gpu}-cost-surface-smollm2.json
+if [ "${SURFACE:-}" != measure ] && [ -f "$KEPT" ]; then
+  python3 - "$KEPT" <<'PY'
+import pathlib, sys
 from core.engine import load_model
-from core.engine.costs import data_dir, machine_key
+from core.engine.costs import surface_path
 t = load_model("smollm2-135m")
-path = data_dir() / "costs" / f"{machine_key(t.model, t.weight_format)}.json"
+path = surface_path(t.model, t.weight_format)
 path.parent.mkdir(parents=True, exist_ok=True)
-if not path.exists():
-    path.write_text(pathlib.Path("bench/results/h200-cost-surface-smollm2.json").read_text())
-print("cost surface:", path)
+path.write_text(pathlib.Path(sys.argv[1]).read_text())
+print("cost surface:", sys.argv[1], "->", path)
 PY
+else
+  t0=$SECONDS
+  python3 -c 'from api.cli import main; main()' costs --measure | tee "$OUT/$(basename "$KEPT" .json).txt"
+  cp "$(python3 -c 'from core.engine import load_model; from core.engine.costs import surface_path; t = load_model("smollm2-135m"); print(surface_path(t.model, t.weight_format))')" "$OUT/$(basename "$KEPT")"
+  echo "cost surface measured on this ${GPU:-GPU} in $((SECONDS - t0)) s"
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case "${1:-}" in
 tests)  # the engine and kernel tests on the GPU

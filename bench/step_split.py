@@ -155,10 +155,12 @@ def _run(eng, kw: dict, reqs):
         KINDS[id(eng)] = sum(
             (collections.Counter(b.modes.steps) for b in made if b.modes), collections.Counter()
         )
+        TRIALS[id(eng)] = [t for b in made if b.modes for t in b.modes.trials]
 
 
 CHAINS: dict[int, collections.Counter] = {}
 KINDS: dict[int, collections.Counter] = {}  # the step modes' steps by kind
+TRIALS: dict[int, list] = {}  # the step modes' trials (StepModes.trials)
 
 
 def _chains(eng) -> str:
@@ -169,6 +171,11 @@ def _chains(eng) -> str:
     if c:
         out += "; loop steps by chain length " + ", ".join(
             f"{k}: {n}" for k, n in sorted(c.items())
+        )
+    for kinds, won in TRIALS.get(id(eng), []):  # each trial: kind steps/tokens/ms, its rate
+        out += f"\n     trial -> {won}: " + ", ".join(
+            f"{k} {n}/{tok}/{1000 * sec:.0f}ms {tok / sec if sec else 0:.0f} tok/s"
+            for k, (n, tok, sec) in kinds.items()
         )
     return out
 

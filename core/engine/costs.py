@@ -188,7 +188,10 @@ def data_dir() -> Path:
 
 def machine_key(model: nn.Module, weight_format: str) -> str:
     """What a measured surface is valid for: the model's shape (not its name: the cost of
-    seeds of one architecture is the same), its weight format, this device and host."""
+    seeds of one architecture is the same), its weight format, this device and host. On an
+    accelerator the device's own name counts (`_accelerator`): the host's CPU and core count
+    do not tell an M1 from an M4 (macOS reports both as `arm`), nor an H100 from an H200,
+    and a farm's machines may keep their surfaces in one shared `APPLESPEC_HOME`."""
     args = getattr(model, "args", None)
     shape = json.dumps(vars(args), sort_keys=True, default=str) if args is not None else ""
     parts = [
@@ -203,9 +206,21 @@ def machine_key(model: nn.Module, weight_format: str) -> str:
         "1" if "libopenblas" in _maps() else "0",
         f"forward-{FORWARD_VERSION}",
     ]
-    if mx.default_device() == mx.gpu and mx.cuda.is_available():
-        parts.append("cuda")
+    if mx.default_device() == mx.gpu:
+        parts.append(_accelerator())
+        if mx.cuda.is_available():
+            parts.append("cuda")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def _accelerator() -> str:
+    """The default GPU's name and memory as MLX reports them ('' where it reports none)."""
+    try:
+        info = mx.device_info()
+    except (AttributeError, RuntimeError, ValueError):
+        return ""
+    size = info.get("total_memory", info.get("memory_size", ""))
+    return f"{info.get('device_name', '')}|{info.get('architecture', '')}|{size}"
 
 
 def _cpu_model() -> str:

@@ -29,6 +29,7 @@ it within a few steps.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -346,6 +347,8 @@ class StepModes:
         self._retry = self.RETRY  # steps until the next trial
         self._won: str | None = None  # the kind the last trial picked
         self.steps = dict.fromkeys(self.kinds, 0)  # steps run of each kind
+        # The last trials, oldest first: each kind's (steps, tokens, seconds) and the winner.
+        self.trials: deque[tuple[dict[str, tuple[int, int, float]], str]] = deque(maxlen=64)
 
     def _start_trial(self, kinds: tuple[str, ...]) -> None:
         """A trial of `kinds`, the current one first, then the others in turn."""
@@ -393,6 +396,7 @@ class StepModes:
         if len(left) == 1 or all(trial[m][0] >= self.TRIAL for m in left):  # the trial ended
             self.rate = {**self.rate, **rates}
             self.mode = max(trial, key=lambda m: rates[m])
+            self.trials.append(({m: tuple(v) for m, v in trial.items()}, self.mode))
             self._lost = (self._lost - set(trial)) | self._out
             same = self.mode == self._won
             self._retry = min(2 * self._retry, self.RETRY_MAX) if same else self.RETRY

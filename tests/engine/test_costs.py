@@ -82,6 +82,22 @@ def test_kept_under_the_data_directory_per_model_shape(make_tiny, tmp_path, monk
     assert machine_key(model, "q4") != machine_key(model, "float32")
 
 
+def test_an_accelerators_surface_is_kept_under_its_own_name(make_tiny, monkeypatch):
+    """Two GPUs on hosts that look alike (macOS reports `arm` for an M1 and an M4; one farm
+    may share its data directory) keep a surface each."""
+    import mlx.core as mx
+
+    model = make_tiny(0).model
+    on_cpu = machine_key(model, "float32")
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    keys = []
+    for name in ("Apple M1", "Apple M4", "Apple M4"):
+        monkeypatch.setattr(mx, "device_info", lambda n=name: {"device_name": n})
+        keys.append(machine_key(model, "float32"))
+    assert keys[0] != keys[1] == keys[2]
+    assert on_cpu not in keys
+
+
 def test_a_damaged_copy_is_measured_again(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
     model = make_tiny(0).model

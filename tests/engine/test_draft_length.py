@@ -150,6 +150,11 @@ def test_step_modes_try_both_then_keep_the_faster_and_retry():
     seen = _run(m, {"draft": 40, "plain": 30}, 2 * T)
     assert seen == (["plain"] * B + ["draft"] * B) * (T // B)
     assert m.mode == "draft" and m.rate == {"draft": 40.0, "plain": 30.0}
+    # each trial is kept: every kind's steps, tokens and seconds, and the kind it picked
+    (first, won1), (second, won2) = m.trials
+    assert (won1, won2) == ("plain", "draft")
+    assert [first[k][0] for k in ("draft", "plain")] == [T, T]
+    assert second["draft"][1] / second["draft"][2] == pytest.approx(40.0)
 
 
 def test_a_clear_loser_ends_the_trial_after_one_block_of_each():
