@@ -11,6 +11,8 @@ Each configuration is `[draft spec, Engine keyword arguments]`; batch size 64 un
 keywords say. `N` and `M` (environment) cap the items and their max_tokens. The keyword
 `"head_cost": "share"` prices the head's drafting depths by the share of the weights they
 read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the two.
+`"decay": 0` has the step modes choose a kind from each trial alone, as before their
+measurements were pooled (`StepModes.DECAY`).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -30,6 +32,7 @@ import mlx.core as mx
 
 from core.engine import Engine, GenerationParams, generate, load_model
 from core.engine.benchmark import load_job
+from core.engine.draft_length import StepModes
 from core.engine.drafters.feature_head import FeatureHeadDrafter
 
 
@@ -133,7 +136,7 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    return {k: v for k, v in kw.items() if k != "head_cost"}
+    return {k: v for k, v in kw.items() if k not in ("head_cost", "decay")}
 
 
 def _run(eng, kw: dict, reqs):
@@ -143,13 +146,14 @@ def _run(eng, kw: dict, reqs):
     made = []
     new = eng.new_batch
     eng.new_batch = lambda capacity=None: made.append(new(capacity)) or made[-1]
-    measured = FeatureHeadDrafter.step_cost
+    measured, decay = FeatureHeadDrafter.step_cost, StepModes.DECAY
     if kw.get("head_cost") == "share":
         FeatureHeadDrafter.step_cost = lambda self, rows: self._share
+    StepModes.DECAY = kw.get("decay", decay)
     try:
         return eng.generate_many(reqs)
     finally:
-        FeatureHeadDrafter.step_cost = measured
+        FeatureHeadDrafter.step_cost, StepModes.DECAY = measured, decay
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
         KINDS[id(eng)] = sum(
@@ -196,10 +200,20 @@ def rounds(configs, engines, reqs, n: int) -> None:
                 spec = [o.speculative for o in out]
                 drafted = sum(s["draft_tokens"] for s in spec)
                 steps = sum(s["verify_steps"] for s in spec)
+                by = collections.defaultdict(lambda: [0, 0, 0])  # row steps, drafted, accepted
+                for s in spec:
+                    for d, c in s["steps_by_drafter"].items():
+                        by[d][0] += c
+                    for d, c in s["draft_tokens_by_drafter"].items():
+                        by[d][1] += c
+                    for d, c in s["accepted_by_drafter"].items():
+                        by[d][2] += c
+                per = ", ".join(f"{d} {c}/{k}/{a}" for d, (c, k, a) in sorted(by.items()))
                 configs[j].append(
                     f"; last round: {sum(len(o.tokens) for o in out) / steps:.2f} tokens a "
                     f"row's step, {sum(s['accepted_tokens'] for s in spec) / max(drafted, 1):.2f} "
-                    f"of {drafted} drafted tokens accepted{_chains(eng)}"
+                    f"of {drafted} drafted tokens accepted (by drafter, row steps/drafted/"
+                    f"accepted: {per}){_chains(eng)}"
                 )
             line.append(f"{rates[j][-1]:7.0f} ({rates[j][-1] / rates[0][-1]:.2f}x)")
         print(f"round {r + 1}: " + "  ".join(line))

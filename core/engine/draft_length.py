@@ -175,11 +175,14 @@ class Offer:
         gains: expected tokens gained by each further draft node, in order (decreasing).
         group: the model drafter whose sequential steps it shares (None for lookups).
         forced: nodes drafted whatever the cost (warm-up or probe).
+        probe: the forced node is a probe (`RowPolicy.probe_due`): it holds where this
+            offer is the row's best, not against a better drafter's (a warm-up does).
     """
 
     gains: np.ndarray
     group: str | None = None
     forced: int = 0
+    probe: bool = False
 
 
 def allocate(
@@ -316,6 +319,15 @@ class StepModes:
     answers indexed) has reached `EVIDENCE` and doubled since (a job's first wave drafts
     from an empty index; the next one from all that the first wrote). That trial is
     between drafting and the kind that runs: what the drafters learned changes no other.
+
+    A trial's blocks are short (8 steps of a kind at batch 1 take some 40 ms on a GPU, and
+    the head's loop emits 1 to 3 tokens a step), so one trial's rates are noisy. So each
+    kind's measurement is pooled (`_pool`): the steps the winner runs between trials count
+    toward its rate, and what a trial measures adds to what the earlier ones did, weighed
+    down by `DECAY` at every trial. The winner is the kind with the best pooled rate among
+    those still in the trial. A trial that the rows started (halved or doubled where a draft
+    token's price moved) forgets what every kind measured before; one that the drafters'
+    evidence started forgets what drafting did.
     """
 
     TRIAL = 8
@@ -326,6 +338,7 @@ class StepModes:
     CLEAR = 2.0
     EVIDENCE = 8
     PRICE_MOVE = 0.1
+    DECAY = 0.5
 
     def __init__(
         self,
@@ -349,9 +362,14 @@ class StepModes:
         self.steps = dict.fromkeys(self.kinds, 0)  # steps run of each kind
         # The last trials, oldest first: each kind's (steps, tokens, seconds) and the winner.
         self.trials: deque[tuple[dict[str, tuple[int, int, float]], str]] = deque(maxlen=64)
+        # Each kind's tokens and seconds measured before the current trial (class docstring).
+        self._pool: dict[str, list[float]] = {m: [0.0, 0.0] for m in self.kinds}
 
-    def _start_trial(self, kinds: tuple[str, ...]) -> None:
-        """A trial of `kinds`, the current one first, then the others in turn."""
+    def _start_trial(self, kinds: tuple[str, ...], forget: tuple[str, ...] = ()) -> None:
+        """A trial of `kinds`, the current one first, then the others in turn; the kinds in
+        `forget` start from nothing (what they measured before no longer holds)."""
+        for m in forget:
+            self._pool[m] = [0.0, 0.0]
         self._trial = {m: [0, 0, 0.0] for m in self.kinds if m in kinds}
         self._block = {m: self.PROBE if m in self._lost else self.BLOCK for m in kinds}
         self._out = set()
@@ -370,6 +388,12 @@ class StepModes:
         if self._trial is not None and mode in self._trial:
             t = self._trial[mode]
             t[1], t[2] = t[1] + tokens, t[2] + seconds
+        elif self._trial is None and mode in self._pool:
+            self._add(mode, tokens, seconds)
+
+    def _add(self, mode: str, tokens: int, seconds: float) -> None:
+        pool = self._pool[mode]
+        pool[0], pool[1] = pool[0] + tokens, pool[1] + seconds
 
     def observe(
         self, mode: str, tokens: int, seconds: float, rows: int | None = None, evidence: int = 0
@@ -379,12 +403,15 @@ class StepModes:
         self.steps[mode] += 1
         trial = self._trial
         if trial is None:
+            self._add(mode, tokens, seconds)
             self._since += 1
             learned = self.mode != "draft" and evidence >= max(self.EVIDENCE, 2 * self._evidence)
-            if self._since >= self._retry or self._moved(rows):
+            if self._moved(rows):
+                self._start_trial(self.kinds, forget=self.kinds)
+            elif self._since >= self._retry:
                 self._start_trial(self.kinds)
             elif learned and "draft" in self.kinds:
-                self._start_trial((self.mode, "draft"))
+                self._start_trial((self.mode, "draft"), forget=("draft",))
             return
         t = trial[mode]
         t[0], t[1], t[2] = t[0] + 1, t[1] + tokens, t[2] + seconds
@@ -394,8 +421,12 @@ class StepModes:
             self._out |= {m for m in trial if best >= self.CLEAR * rates[m]}
         left = [m for m in trial if m not in self._out]
         if len(left) == 1 or all(trial[m][0] >= self.TRIAL for m in left):  # the trial ended
-            self.rate = {**self.rate, **rates}
-            self.mode = max(trial, key=lambda m: rates[m])
+            for m, (_, tok, sec) in trial.items():
+                pool = self._pool[m]
+                pool[0], pool[1] = self.DECAY * pool[0] + tok, self.DECAY * pool[1] + sec
+            pooled = {m: (tok / sec if sec > 0 else 0.0) for m, (tok, sec) in self._pool.items()}
+            self.rate = {**self.rate, **{m: pooled[m] for m in trial}}
+            self.mode = max(left, key=lambda m: pooled[m])
             self.trials.append(({m: tuple(v) for m, v in trial.items()}, self.mode))
             self._lost = (self._lost - set(trial)) | self._out
             same = self.mode == self._won

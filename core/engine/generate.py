@@ -1039,8 +1039,9 @@ class Batch:
                     if offer is None:
                         continue
                     rate = _alone(offer, marginal, costs.get(d.name, 0.0) / B)
-                    if offer.forced or rate > best_rate:
-                        best, best_rate = (d, offer), (np.inf if offer.forced else rate)
+                    warm = offer.forced and not offer.probe
+                    if warm or rate > best_rate:
+                        best, best_rate = (d, offer), (np.inf if warm else rate)
                 if best is None:  # nothing pays: re-probe a due drafter with one token
                     for d in (d for d in drafters if not d.calibrated):
                         pol = s.stats[d.name]
@@ -1116,7 +1117,12 @@ class Batch:
         # A calibrated drafter's chances are learned across rows: no per-row warm-up.
         forced = min(K_INIT, len(gains)) if pol.warming() and not d.calibrated else 0
         if not forced and hasattr(d, "chances") and pol.probe_due():
-            forced = 1  # the gate dropped its nodes a while: a probe teaches the drafter's chances
+            # The gate dropped its nodes a while: a probe teaches the drafter's chances. It
+            # holds only where the row would choose this drafter (`_draft`): against a better
+            # drafter's offer it would give that row's step away (a row drafting a job's
+            # answer template from the suffix index, probed every `PROBE_EVERY` steps by a
+            # head that never drafts for it).
+            return Offer(gains, _group(d), 1, probe=True)
         return Offer(gains, _group(d), forced)
 
     # -- verification -----------------------------------------------------------------

@@ -149,7 +149,9 @@ def test_step_modes_try_both_then_keep_the_faster_and_retry():
     # time to re-measure: plain first, then drafting, which pays now (the rows copy more)
     seen = _run(m, {"draft": 40, "plain": 30}, 2 * T)
     assert seen == (["plain"] * B + ["draft"] * B) * (T // B)
-    assert m.mode == "draft" and m.rate == {"draft": 40.0, "plain": 30.0}
+    # the rates are pooled: drafting's 40 now with half the weight of its 25 before, plain's
+    # 30 in this trial and in the RETRY steps it ran between the two
+    assert m.mode == "draft" and m.rate == {"draft": (4 * 25 + 8 * 40) / 12, "plain": 30.0}
     # each trial is kept: every kind's steps, tokens and seconds, and the kind it picked
     (first, won1), (second, won2) = m.trials
     assert (won1, won2) == ("plain", "draft")
@@ -249,8 +251,11 @@ def test_what_the_drafters_learned_is_tried_against_the_kind_that_runs_alone():
         seen.append(m.mode)
         m.observe(m.mode, slow[m.mode], 1.0, 64, 0)
     assert m.mode == "loop" and seen[-3:] == ["loop"] * 3
+    kept = list(m._pool["loop"])
     m.observe("loop", 40, 1.0, 64, m.EVIDENCE)  # the index holds EVIDENCE answers
     assert m._trial is not None and set(m._trial) == {"loop", "draft"}
+    # drafting is measured anew; the loop's steps so far still count
+    assert m._pool["draft"] == [0.0, 0.0] and m._pool["loop"] == [kept[0] + 40, kept[1] + 1.0]
     seen = []
     for _ in range(B + P + 4):
         seen.append(m.mode)
@@ -328,7 +333,42 @@ def test_three_kinds_take_turns_and_a_clear_loser_leaves_the_trial():
         + ["draft"] * B
         + ["draft"] * (T - P - B)
     )
-    assert m.mode == "loop" and m._trial is None and m.rate["draft"] == 35.0
+    # drafting's pooled rate: 8 steps at 35 now, its earlier 5 steps at 10 decayed twice
+    # and once
+    assert m.mode == "loop" and m._trial is None
+    assert m.rate["draft"] == pytest.approx((8 * 35 + 0.25 * 40 + 0.5 * 10) / (8 + 1 + 0.5))
+
+
+def test_one_unlucky_trial_does_not_hand_the_batch_to_the_slower_kind():
+    """What the winner measured while it ran and what earlier trials measured count beside a
+    trial's few steps: a short block that happened to emit little (a chain rejected three
+    times, a prompt's prefill landing in it) does not turn the batch over to a kind that is
+    slower on the whole; a kind that stays faster in the trials still wins them; and a change
+    of rows forgets what was measured before."""
+    from core.engine.draft_length import StepModes
+
+    kinds = ("draft", "loop")
+    m = StepModes(kinds, price=lambda rows: 10 / rows)
+    fast = {"draft": 30, "loop": 45}
+    _run(m, fast, 2 * m.TRIAL + m.RETRY)  # loop won its trial and ran RETRY steps
+    assert m.mode == "loop" and m._trial is not None
+    unlucky = {"draft": 30, "loop": 25}  # this trial's loop blocks emit little
+    seen = _run(m, unlucky, 2 * m.TRIAL)
+    assert seen.count("loop") == seen.count("draft") == m.TRIAL
+    assert m.mode == "loop" and m.rate["loop"] > m.rate["draft"] == 30.0
+    # the loop stays slower: after a trial or two drafting wins
+    for _ in range(3):
+        if m.mode == "draft":
+            break
+        _run(m, unlucky, m._retry + 2 * m.TRIAL)
+    assert m.mode == "draft"
+    # the rows halve where a draft token's price moves: the trial starts from nothing
+    m = StepModes(kinds, price=lambda rows: 10 / rows)
+    _run(m, fast, 2 * m.TRIAL + 1, rows=64)
+    _run(m, fast, 1, rows=16)
+    assert m._trial is not None and m._pool == {k: [0.0, 0.0] for k in kinds}
+    _run(m, unlucky, 2 * m.TRIAL, rows=16)
+    assert m.mode == "draft" and m.rate == {"draft": 30.0, "loop": 25.0}
 
 
 def test_work_a_later_step_reads_is_credited_to_the_kind_that_computed_it():

@@ -421,3 +421,59 @@ def test_the_engine_times_the_heads_depth_once_for_all_its_batches(
     assert set(kept) >= {4} and all(ms > 0 for ms in kept.values())
     plain = Engine(target, draft="none", surface=CPU, batch_size=1)
     assert got == [plain.generate(p, q).tokens for p, q in reqs]
+
+
+def test_a_probe_of_the_head_never_takes_a_row_a_better_offer_holds(
+    make_tiny, tmp_path, monkeypatch
+):
+    """Under `auto` the head probes a row it has not drafted for a while (a forced node that
+    teaches its chances), but only where the row would choose it: a row whose prompt lookup
+    or suffix index offers more keeps that drafter's step. Output is plain greedy's."""
+    from core.engine import Engine, GenerationParams
+    from core.engine import generate as gen
+    from tests.engine.conftest import store_head
+    from tests.engine.test_draft_length import FLAT
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    target = make_tiny(0)
+    store_head(target)
+    offers, rates, taken = {}, {}, []
+    offer, alone, draft = gen.Batch._offer, gen._alone, gen.Batch._draft
+
+    def spy_offer(self, d, s, i, lookups, cap):
+        o = offer(self, d, s, i, lookups, cap)
+        if o is not None:
+            offers.setdefault(i, []).append((d.name, o))
+        return o
+
+    def spy_alone(o, marginal, cost):
+        rates[id(o)] = r = alone(o, marginal, cost)
+        return r
+
+    def spy_draft(self, decode):
+        offers.clear()
+        plan = draft(self, decode)
+        for i, d in enumerate(plan.choice):
+            mine = {n: o for n, o in offers.get(i, [])}
+            if "head" in mine and mine["head"].probe:
+                best = (
+                    max(rates[id(o)] for n, o in mine.items() if n != "head")
+                    if len(mine) > 1
+                    else 0
+                )
+                taken.append((d is not None and d.name == "head", rates[id(mine["head"])], best))
+        return plan
+
+    monkeypatch.setattr(gen.Batch, "_offer", spy_offer)
+    monkeypatch.setattr(gen, "_alone", spy_alone)
+    monkeypatch.setattr(gen.Batch, "_draft", spy_draft)
+    # repetitive answers: prompt lookup and the suffix index have much to offer
+    prompts = [WORKLOAD[i % 4] + " " + WORKLOAD[i % 4] for i in range(8)]
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=48)) for p in prompts]
+    eng = Engine(target, draft="auto", surface=FLAT, batch_size=4, step_modes=False)
+    got = [r.tokens for r in eng.generate_many(reqs)]
+    plain = Engine(target, draft="none", surface=FLAT, batch_size=1)
+    assert got == [plain.generate(p, q).tokens for p, q in reqs]
+    beaten = [t for t in taken if t[2] > t[1]]  # probes due where another offer rated higher
+    assert beaten and not any(head for head, _, _ in beaten)
+    # (where the head is the row's choice its probes hold: the gate test above counts them)
