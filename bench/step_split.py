@@ -160,11 +160,15 @@ def _run(eng, kw: dict, reqs):
             (collections.Counter(b.modes.steps) for b in made if b.modes), collections.Counter()
         )
         TRIALS[id(eng)] = [t for b in made if b.modes for t in b.modes.trials]
+        LOOP[id(eng)] = next(
+            (b.loop_speedups() for b in reversed(made) if b._loop_head is not None), None
+        )
 
 
 CHAINS: dict[int, collections.Counter] = {}
 KINDS: dict[int, collections.Counter] = {}  # the step modes' steps by kind
 TRIALS: dict[int, list] = {}  # the step modes' trials (StepModes.trials)
+LOOP: dict[int, object] = {}  # the loop's predicted speedups by chain length, at the end
 
 
 def _chains(eng) -> str:
@@ -175,6 +179,10 @@ def _chains(eng) -> str:
     if c:
         out += "; loop steps by chain length " + ", ".join(
             f"{k}: {n}" for k, n in sorted(c.items())
+        )
+    if LOOP.get(id(eng)) is not None:  # why the loop chose its chain (Batch._loop_k)
+        out += "; loop's predicted speedup by chain length " + " ".join(
+            f"{x:.2f}" for x in LOOP[id(eng)]
         )
     for kinds, won in TRIALS.get(id(eng), []):  # each trial: kind steps/tokens/ms, its rate
         out += f"\n     trial -> {won}: " + ", ".join(

@@ -679,19 +679,24 @@ class Batch:
             return self.engine.k
         if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
             return self._chain[0]
-        head = self._loop_head
-        live = sum(s is not None and s.finish_reason is None for s in self.rows)
-        rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
-        speedups = chain_speedups(
-            self.engine.carried(head, loop=True).gains(K_MAX),
-            head.step_cost(rows),
-            self.engine.surface.verify_cost(rows),
-        )
+        speedups = self.loop_speedups()
         k = int(np.argmax(speedups))
         if self._chain is not None and speedups[k] < LOOP_SWITCH * speedups[self._chain[0]]:
             k = self._chain[0]
         self._chain = (k, self.steps)
         return k
+
+    def loop_speedups(self) -> np.ndarray:
+        """The resident loop's predicted speedup over plain steps by chain length, 0 ..
+        `K_MAX` (`draft_length.chain_speedups`), at the rows it runs now."""
+        head = self._loop_head
+        live = sum(s is not None and s.finish_reason is None for s in self.rows)
+        rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
+        return chain_speedups(
+            self.engine.carried(head, loop=True).gains(K_MAX),
+            head.step_cost(rows),
+            self.engine.surface.verify_cost(rows),
+        )
 
     def _step_resident(self) -> list[GenerationResult]:
         """A step of the resident loop: the next one queued, then the one before it read
