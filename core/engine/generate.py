@@ -328,6 +328,8 @@ class Engine:
 class Batch:
     """One continuous batch: rows join from a queue, decode, and leave as they finish."""
 
+    MEASURE_PREFILL_ONLY = False  # True: a step that only prefilled counts in the step modes
+
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
         self.target = engine.target
@@ -451,6 +453,7 @@ class Batch:
             if self.modes is None:
                 out = self._step()
             else:
+                decoding = any(s is not None and s.decoding for s in self.rows)
                 t0, n0 = time.perf_counter(), self.emitted
                 out = self._step()
                 seconds, tokens = time.perf_counter() - t0, self.emitted - n0
@@ -458,9 +461,15 @@ class Batch:
                     self.modes.credit(kind, n, sec)
                     tokens, seconds = tokens - n, seconds - sec
                 self._drained.clear()
-                rows = self.active
-                evidence = sum(d.evidence() for d in self.drafters)
-                self.modes.observe(self._mode, tokens, seconds, rows, evidence)
+                # A step that only prefilled (rows joining a batch none of whose rows was
+                # decoding: a job's first step, each request at batch 1) is the prompts'
+                # time whatever kind is current: it measures no kind. Counted, it charged
+                # a job's whole first wave of prompts to the kind whose block came first,
+                # and at batch 1 each request's prompt to the block it fell in.
+                if decoding or self.MEASURE_PREFILL_ONLY:
+                    rows = self.active
+                    evidence = sum(d.evidence() for d in self.drafters)
+                    self.modes.observe(self._mode, tokens, seconds, rows, evidence)
             if self.engine.learner is not None:
                 self.engine.learner.tick()
             return out

@@ -454,3 +454,39 @@ def test_the_gate_keeps_the_nodes_whose_chances_pay_and_the_other_rows_drafts():
     assert kept[48:] == [4] * 16
     # On a flat surface every drafted node is worth verifying.
     assert gate(offers, ks, chances, FLAT)[:48] == [4] * 48
+
+
+def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypatch):
+    """A job's first step prefills its whole first wave of prompts, whatever kind of step
+    is current (a trial's first block: drafting). Made slow (a 0.5 s sleep while prompts
+    are planned), it used to be charged to drafting, which then lost its first trial to
+    plain steps on prompts where it emits several tokens a step. Now no kind is charged
+    with it: every trial block's seconds are decoding's, and drafting wins."""
+    import time
+
+    from core.engine import CostSurface, Engine, GenerationParams
+    from core.engine.generate import Batch
+
+    target = make_tiny(3)
+    prompts = ["Copy: a b c a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x"]
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in prompts]
+    flat = CostSurface.flat()
+    want = Engine(target, draft="none", surface=flat, batch_size=3).generate_many(reqs)
+    plan = Batch._prefill_plan
+
+    def slow(self):
+        out = plan(self)
+        if out:
+            time.sleep(0.5)
+        return out
+
+    monkeypatch.setattr(Batch, "_prefill_plan", slow)
+    engine = Engine(target, draft="ngram", surface=flat, batch_size=3)
+    batch = engine.new_batch()
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    got = {r.tag: r for r in batch.run()}
+    assert [got[i].tokens for i in range(3)] == [r.tokens for r in want]
+    first, won = batch.modes.trials[0]
+    assert all(seconds < 0.5 for _, _, seconds in first.values())  # no block held the prompts
+    assert won == "draft"
