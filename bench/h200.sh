@@ -48,7 +48,8 @@ PY
 else
   t0=$SECONDS
   python3 -c 'from api.cli import main; main()' costs --measure | tee "$OUT/$(basename "$KEPT" .json).txt"
-  cp "$(python3 -c 'from core.engine import load_model; from core.engine.costs import surface_path; t = load_model("smollm2-135m"); print(surface_path(t.model, t.weight_format))')" "$OUT/$(basename "$KEPT")"
+  # the file the command wrote, as it printed it (its weights' key is the CLI's, not load_model's)
+  cp "$(sed -n 's/^smollm2-135m ([^)]*): //p' "$OUT/$(basename "$KEPT" .json).txt")" "$OUT/$(basename "$KEPT")"
   echo "cost surface measured on this ${GPU:-GPU} in $((SECONDS - t0)) s"
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
