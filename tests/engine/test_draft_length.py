@@ -407,14 +407,8 @@ def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing
     and every row is still its plain greedy output."""
     import time
 
-    from core.engine import CostSurface, Engine, GenerationParams
     from core.engine.generate import Batch
 
-    target = make_tiny(3)
-    prompts = ["Copy: a b c a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x"]
-    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in prompts]
-    flat = CostSurface.flat()
-    want = Engine(target, draft="none", surface=flat, batch_size=3).generate_many(reqs)
     slow_draft = Batch._draft
 
     def slow(self, decode):
@@ -422,12 +416,7 @@ def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing
         return slow_draft(self, decode)
 
     monkeypatch.setattr(Batch, "_draft", slow)
-    engine = Engine(target, draft="ngram", surface=flat, batch_size=3)
-    batch = engine.new_batch()
-    for i, (p, q) in enumerate(reqs):
-        batch.submit(p, q, tag=i)
-    got = {r.tag: r for r in batch.run()}
-    assert [got[i].tokens for i in range(3)] == [r.tokens for r in want]
+    batch = _ngram_batch_on_repetitive_prompts(make_tiny)
     assert batch.modes.rate["plain"] > batch.modes.rate["draft"]
     # past the trials (both kinds alike), the batch ran plain steps
     assert batch.modes.steps["plain"] > 2 * batch.modes.steps["draft"]
@@ -464,14 +453,8 @@ def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypat
     with it: every trial block's seconds are decoding's, and drafting wins."""
     import time
 
-    from core.engine import CostSurface, Engine, GenerationParams
     from core.engine.generate import Batch
 
-    target = make_tiny(3)
-    prompts = ["Copy: a b c a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x"]
-    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in prompts]
-    flat = CostSurface.flat()
-    want = Engine(target, draft="none", surface=flat, batch_size=3).generate_many(reqs)
     plan = Batch._prefill_plan
 
     def slow(self):
@@ -481,12 +464,27 @@ def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypat
         return out
 
     monkeypatch.setattr(Batch, "_prefill_plan", slow)
+    batch = _ngram_batch_on_repetitive_prompts(make_tiny)
+    first, won = batch.modes.trials[0]
+    assert all(seconds < 0.5 for _, _, seconds in first.values())  # no block held the prompts
+    assert won == "draft"
+
+
+def _ngram_batch_on_repetitive_prompts(make_tiny):
+    """Three repetitive prompts through one `ngram` batch of a tiny model on a flat surface
+    (a drafting step emits up to ~8 tokens a row there), after the test's patches; each
+    row's output is asserted to be its plain greedy one. The batch, run."""
+    from core.engine import CostSurface, Engine, GenerationParams
+
+    target = make_tiny(3)
+    prompts = ["Copy: a b c a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x"]
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in prompts]
+    flat = CostSurface.flat()
     engine = Engine(target, draft="ngram", surface=flat, batch_size=3)
     batch = engine.new_batch()
     for i, (p, q) in enumerate(reqs):
         batch.submit(p, q, tag=i)
     got = {r.tag: r for r in batch.run()}
+    want = Engine(target, draft="none", surface=flat, batch_size=3).generate_many(reqs)
     assert [got[i].tokens for i in range(3)] == [r.tokens for r in want]
-    first, won = batch.modes.trials[0]
-    assert all(seconds < 0.5 for _, _, seconds in first.values())  # no block held the prompts
-    assert won == "draft"
+    return batch
