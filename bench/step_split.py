@@ -13,7 +13,9 @@ keywords say. `N` and `M` (environment) cap the items and their max_tokens. The 
 read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the two.
 `"decay": 0` has the step modes choose a kind from each trial alone, as before their
 measurements were pooled (`StepModes.DECAY`); `"prefill_only": true` has a step that only
-prefilled count in them, as before (`Batch.MEASURE_PREFILL_ONLY`).
+prefilled count in them, as before (`Batch.MEASURE_PREFILL_ONLY`); `"entries": true` has a
+double-buffered kind's first step of a trial block count there, as before
+(`Batch.MEASURE_ENTRIES`).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -137,7 +139,8 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    return {k: v for k, v in kw.items() if k not in ("head_cost", "decay", "prefill_only")}
+    kept = ("head_cost", "decay", "prefill_only", "entries")
+    return {k: v for k, v in kw.items() if k not in kept}
 
 
 def _run(eng, kw: dict, reqs):
@@ -152,11 +155,12 @@ def _run(eng, kw: dict, reqs):
         FeatureHeadDrafter.step_cost = lambda self, rows: self._share
     StepModes.DECAY = kw.get("decay", decay)
     generate.Batch.MEASURE_PREFILL_ONLY = kw.get("prefill_only", False)
+    generate.Batch.MEASURE_ENTRIES = kw.get("entries", False)
     try:
         return eng.generate_many(reqs)
     finally:
         FeatureHeadDrafter.step_cost, StepModes.DECAY = measured, decay
-        generate.Batch.MEASURE_PREFILL_ONLY = False
+        generate.Batch.MEASURE_PREFILL_ONLY = generate.Batch.MEASURE_ENTRIES = False
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
         KINDS[id(eng)] = sum(

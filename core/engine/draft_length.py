@@ -300,8 +300,18 @@ class StepModes:
     it); once every kind has run a block, one `CLEAR` times slower than the fastest leaves
     the trial, which ends when one kind is left. A double-buffered kind's last step (the
     loop's, plain steps') is read by the next kind's first: its tokens and the wait for
-    them are credited to the kind that computed them (`credit`). A kind that left the last
-    trial clearly slower runs a first block of `PROBE` steps in the next one, not `BLOCK`:
+    them are credited to the kind that computed them (`credit`). Where the device runs
+    ahead of the host (a GPU), such a kind's first step in a block (its entry: the first
+    step queued, with nothing of its own to read; the loop's also drafts its first chain
+    host-synced) is the host's work alone, the switch's cost, which a trial's alternation
+    makes and the winner running on does not pay: it measures nothing in a trial and
+    counts toward no block (`observe`'s `entry`; the batch says which steps are entries).
+    Counted, it made the loop look slower than it runs: at batch 1 on an H100 a loop block
+    of one step (a probe) took 15-29 ms for one or two tokens against 7 ms a step when the
+    loop runs on, so once it lost a trial it lost every probe. Outside a trial an entry
+    counts: there it follows a row joining or finishing, a cost the kind pays as it runs.
+    (On the CPU queueing a step computes most of it: its entry holds its forward and
+    counts.) A kind that left the last trial clearly slower runs a first block of `PROBE` steps in the next one, not `BLOCK`:
     it leaves again after that if it is still as slow (on an accelerator a host-synced
     drafting step can cost four plain ones, and on a short job the next trials come as its
     rows finish), and runs its blocks as the others do if it is not.
@@ -396,12 +406,22 @@ class StepModes:
         pool[0], pool[1] = pool[0] + tokens, pool[1] + seconds
 
     def observe(
-        self, mode: str, tokens: int, seconds: float, rows: int | None = None, evidence: int = 0
+        self,
+        mode: str,
+        tokens: int,
+        seconds: float,
+        rows: int | None = None,
+        evidence: int = 0,
+        entry: bool = False,
     ) -> None:
         """One step of `mode` emitted `tokens` in `seconds` with `rows` live rows and the
-        drafters' `evidence`; then choose the next step's mode."""
+        drafters' `evidence`; then choose the next step's mode. `entry`: the step queued
+        the first of a double-buffered kind's steps and read none of its own (class
+        docstring): in a trial it measures nothing and does not count toward its block."""
         self.steps[mode] += 1
         trial = self._trial
+        if entry and trial is not None and mode in trial:
+            return
         if trial is None:
             self._add(mode, tokens, seconds)
             self._since += 1

@@ -163,6 +163,8 @@ class Engine:
             device does not run ahead of the host, the two tie).
     """
 
+    RUNS_AHEAD: bool | None = None  # whether the device runs ahead of the host; None: a GPU
+
     def __init__(
         self,
         target: LoadedModel,
@@ -231,6 +233,9 @@ class Engine:
         self.share_prefixes = share_prefixes
         self.step_modes = step_modes if k is None else False
         self.resident = on_gpu if resident is None else resident
+        # The device runs a queued forward while the host goes on (a GPU's); on the CPU
+        # queueing a step's graph computes most of it before it returns.
+        self.runs_ahead = on_gpu if self.RUNS_AHEAD is None else self.RUNS_AHEAD
         self.progress = progress
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
@@ -329,6 +334,7 @@ class Batch:
     """One continuous batch: rows join from a queue, decode, and leave as they finish."""
 
     MEASURE_PREFILL_ONLY = False  # True: a step that only prefilled counts in the step modes
+    MEASURE_ENTRIES = False  # True: a double-buffered kind's entry counts in a trial too
 
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
@@ -367,6 +373,7 @@ class Batch:
         # Work a step read that an earlier step of another kind computed: (kind, tokens,
         # seconds), credited to that kind (StepModes.credit).
         self._drained: list[tuple[str, int, float]] = []
+        self._entry = False  # the last step was a double-buffered kind's entry
 
     def draft_model_drafter(self):
         """This batch's draft-model drafter (one cache row per slot), built once."""
@@ -469,7 +476,8 @@ class Batch:
                 if decoding or self.MEASURE_PREFILL_ONLY:
                     rows = self.active
                     evidence = sum(d.evidence() for d in self.drafters)
-                    self.modes.observe(self._mode, tokens, seconds, rows, evidence)
+                    entry = self._entry and self.engine.runs_ahead and not self.MEASURE_ENTRIES
+                    self.modes.observe(self._mode, tokens, seconds, rows, evidence, entry)
             if self.engine.learner is not None:
                 self.engine.learner.tick()
             return out
@@ -483,9 +491,16 @@ class Batch:
             resident, plain = False, True
         if self._loop is not None and (not resident or self._loop.k != self._loop_k()):
             self._leave_loop()
+        # A double-buffered step with none of its own kind in flight to read: its entry.
+        # Where the device runs ahead, that step is the host's launch alone (and the loop's
+        # first chain, drafted host-synced): it measures nothing in a trial
+        # (StepModes.observe). On the CPU it holds its forward, so it counts.
+        self._entry = False
         if plain and self.engine.pipeline and not self._needs_sync():
+            self._entry = self._lag is None
             return self._step_plain()
         if resident:
+            self._entry = self._loop is None
             return self._step_resident()
         self._read_lag()
         eng = self.engine

@@ -398,6 +398,43 @@ def test_work_a_later_step_reads_is_credited_to_the_kind_that_computed_it():
     assert trial(credit=False).mode == "draft"
 
 
+def test_a_double_buffered_kinds_entry_measures_nothing_in_a_trial():
+    """The loop's first step of a block queues its first step and drafts its first chain
+    host-synced, reading nothing of its own: 6 s for no tokens here, where its later steps
+    emit 40 tokens a second and drafting's 30. Counted, that entry makes every loop block
+    look slower than drafting, and a one-step probe (the entry alone) can never win back;
+    not counted, the loop wins its first trial and keeps winning. Outside a trial an entry
+    still counts (a row joining makes the loop leave and enter again as it runs)."""
+    from core.engine.draft_length import StepModes
+
+    def run(flag: bool, steps: int) -> StepModes:
+        m = StepModes(("draft", "loop"))
+        last = None
+        for _ in range(steps):
+            mode = m.mode
+            entry = mode == "loop" and last != "loop"
+            tokens, seconds = (0, 6.0) if entry else ((40, 1.0) if mode == "loop" else (30, 1.0))
+            m.observe(mode, tokens, seconds, entry=flag and entry)
+            last = mode
+        return m
+
+    counted = run(False, 3000)
+    assert counted.mode == "draft" and len(counted.trials) >= 4
+    assert all(won == "draft" for _, won in counted.trials)
+    flagged = run(True, 3000)
+    assert flagged.mode == "loop" and len(flagged.trials) >= 4
+    assert all(won == "loop" for _, won in flagged.trials)
+    first, _ = flagged.trials[0]
+    assert first["loop"][0] == flagged.TRIAL and first["loop"][1] / first["loop"][2] == 40.0
+    # a step outside a trial counts, entry or not
+    m = flagged
+    while m._trial is not None:
+        m.observe(m.mode, 40, 1.0)
+    before = list(m._pool["loop"])
+    m.observe("loop", 0, 6.0, entry=True)
+    assert m._pool["loop"] == [before[0], before[1] + 6.0]
+
+
 def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
     make_tiny, monkeypatch
 ):
@@ -468,6 +505,35 @@ def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypat
     first, won = batch.modes.trials[0]
     assert all(seconds < 0.5 for _, _, seconds in first.values())  # no block held the prompts
     assert won == "draft"
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, monkeypatch, ahead):
+    """In a real batch the first plain step after a drafting step queues a step with none of
+    its own to read: where the device runs ahead of the host, that one, and no other, is
+    told to the step modes as an entry; no drafting step ever is (each reads its own). On
+    the CPU, where queueing a step computes it, none is."""
+    from core.engine import Engine
+    from core.engine.draft_length import StepModes
+
+    monkeypatch.setattr(Engine, "RUNS_AHEAD", ahead)
+
+    seen = []
+    observe = StepModes.observe
+
+    def recorded(self, mode, tokens, seconds, rows=None, evidence=0, entry=False):
+        seen.append((mode, entry))
+        return observe(self, mode, tokens, seconds, rows, evidence, entry)
+
+    monkeypatch.setattr(StepModes, "observe", recorded)
+    monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: many switches of kind
+    monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
+    _ngram_batch_on_repetitive_prompts(make_tiny)
+    modes = [m for m, _ in seen]
+    firsts = [i for i, m in enumerate(modes) if m == "plain" and i > 0 and modes[i - 1] == "draft"]
+    assert len(firsts) >= 2
+    assert all(seen[i][1] for i in firsts) if ahead else not any(seen[i][1] for i in firsts)
+    assert not any(e for i, (m, e) in enumerate(seen) if i not in firsts and i > 0)
 
 
 def _ngram_batch_on_repetitive_prompts(make_tiny):
