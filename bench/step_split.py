@@ -15,7 +15,8 @@ read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the two.
 measurements were pooled (`StepModes.DECAY`); `"prefill_only": true` has a step that only
 prefilled count in them, as before (`Batch.MEASURE_PREFILL_ONLY`); `"entries": true` has a
 double-buffered kind's first step of a trial block count there, as before
-(`Batch.MEASURE_ENTRIES`).
+(`Batch.MEASURE_ENTRIES`); `"split": 0` gives every width bucket of a verify step its own
+segment (`scorer.SPLIT_QUERIES`), as before they merged.
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -33,7 +34,7 @@ import traceback
 
 import mlx.core as mx
 
-from core.engine import Engine, GenerationParams, generate, load_model
+from core.engine import Engine, GenerationParams, generate, load_model, scorer
 from core.engine.benchmark import load_job
 from core.engine.draft_length import StepModes
 from core.engine.drafters.feature_head import FeatureHeadDrafter
@@ -139,7 +140,7 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    kept = ("head_cost", "decay", "prefill_only", "entries")
+    kept = ("head_cost", "decay", "prefill_only", "entries", "split")
     return {k: v for k, v in kw.items() if k not in kept}
 
 
@@ -156,11 +157,14 @@ def _run(eng, kw: dict, reqs):
     StepModes.DECAY = kw.get("decay", decay)
     generate.Batch.MEASURE_PREFILL_ONLY = kw.get("prefill_only", False)
     generate.Batch.MEASURE_ENTRIES = kw.get("entries", False)
+    split = scorer.SPLIT_QUERIES
+    scorer.SPLIT_QUERIES = kw.get("split", split)
     try:
         return eng.generate_many(reqs)
     finally:
         FeatureHeadDrafter.step_cost, StepModes.DECAY = measured, decay
         generate.Batch.MEASURE_PREFILL_ONLY = generate.Batch.MEASURE_ENTRIES = False
+        scorer.SPLIT_QUERIES = split
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
         KINDS[id(eng)] = sum(

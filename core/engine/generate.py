@@ -59,7 +59,7 @@ from .metrics import RequestMetrics
 from .model import LoadedModel
 from .resident import Launched, ResidentLoop
 from .sampling import GenerationParams, adjust, choose, row_seed, token_logprobs
-from .scorer import Segment, check_supported, forward
+from .scorer import Segment, check_supported, forward, merge_widths
 from .sequence import Sequence
 from .states import Span, gather
 
@@ -1413,8 +1413,12 @@ class StepPlan:
         enters late) and by their node count. Attention runs per segment on a layout padded
         to its longest row, so one 9-node row would make 31 one-node rows compute 9 queries
         each; in power-of-two buckets a row pays for less than twice its own nodes (the
-        linear layers see every segment's tokens packed together either way)."""
+        linear layers see every segment's tokens packed together either way). A segment
+        costs something of its own too (its rows' keys and values gathered, its attention
+        run): neighbouring buckets share one where their padding costs less
+        (`scorer.merge_widths`)."""
         groups: dict[tuple[int, int], list[int]] = {}
+        nodes: dict[int, int] = {}  # decode row -> its node count
         start_of = {}
         for name, draft in self.drafts.items():
             if draft.hidden is not None:
@@ -1422,8 +1426,10 @@ class StepPlan:
         for i, d in enumerate(self.choice):
             member = d is not None and i in self.members.get(d.name, [])
             start = start_of.get(d.name, 0) if member else 0
-            nodes = 1 + (self.drafts[d.name].sizes[self.members[d.name].index(i)] if member else 0)
-            groups.setdefault((start, (nodes - 1).bit_length()), []).append(i)
+            nodes[i] = 1 + (
+                self.drafts[d.name].sizes[self.members[d.name].index(i)] if member else 0
+            )
+            groups.setdefault((start, (nodes[i] - 1).bit_length()), []).append(i)
         if self.static and not start_of:
             # CUDA: attention graphs are built per shape (cuDNN), so every slot takes part,
             # in slot order, with a query count rounded to a power of two; slots with no
@@ -1433,8 +1439,11 @@ class StepPlan:
             longest = max(g for _, g in groups) if groups else 0
             yield self._segment(entries, 0, min_w=1 << longest)
             return
-        for (start, _), idx in sorted(groups.items()):
-            yield self._segment([(i, self.decode[i].slot) for i in idx], start)
+        for start in sorted({s for s, _ in groups}):
+            buckets = sorted((b, idx) for (s, b), idx in groups.items() if s == start)
+            widths = [(idx, max(nodes[i] for i in idx)) for _, idx in buckets]
+            for idx in merge_widths(widths):
+                yield self._segment([(i, self.decode[i].slot) for i in idx], start)
 
     def _segment(
         self, entries: list[tuple[int | None, int]], start: int, min_w: int = 1

@@ -161,3 +161,25 @@ def test_prefixes_copied_at_once_are_the_ones_copied_one_by_one():
             assert np.array_equal(a[dst, :, :n], b[src, :, :n])
         for r in (0, 1, 5):
             assert np.array_equal(a[r], b[r])
+
+
+def test_neighbouring_width_buckets_share_a_segment_where_padding_costs_less():
+    """Buckets of rows by node count (in order of width) merge where the queries their
+    padding adds cost less than a further segment (a row's query of the step's rows each):
+    two-node rows join one-node rows; a lone nine-node row stays apart from 48 one-node
+    rows; a bucket between two merges with the neighbour it costs less beside."""
+    from core.engine.scorer import merge_widths
+
+    ones, twos = list(range(33)), list(range(33, 49))
+    assert merge_widths([(ones, 1), (twos, 2)]) == [ones + twos]
+    assert merge_widths([(list(range(48)), 1), ([48], 9)]) == [list(range(48)), [48]]
+    assert merge_widths([([2, 0], 1)]) == [[0, 2]]
+    # 40 one-node rows, 4 of two, 20 of eight: two segments (a third costs 64 queries);
+    # the twos join the eights (4 x 6 padded queries) rather than the ones (40 x 1)
+    got = merge_widths([(list(range(40)), 1), (list(range(40, 44)), 2), (list(range(44, 64)), 8)])
+    assert got == [list(range(40)), list(range(40, 64))]
+    # a merge keeps every row exactly once, in order
+    buckets = [([5, 1], 1), ([3], 2), ([0, 4], 3), ([2], 5)]
+    groups = merge_widths(buckets)
+    assert sorted(r for g in groups for r in g) == list(range(6))
+    assert all(g == sorted(g) for g in groups)
