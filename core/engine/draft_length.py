@@ -311,10 +311,11 @@ class StepModes:
     loop runs on, so once it lost a trial it lost every probe. Outside a trial an entry
     counts: there it follows a row joining or finishing, a cost the kind pays as it runs.
     (On the CPU queueing a step computes most of it: its entry holds its forward and
-    counts.) A kind that left the last trial clearly slower runs a first block of `PROBE` steps in the next one, not `BLOCK`:
-    it leaves again after that if it is still as slow (on an accelerator a host-synced
-    drafting step can cost four plain ones, and on a short job the next trials come as its
-    rows finish), and runs its blocks as the others do if it is not.
+    counts.) A kind that left the last trial clearly slower runs a first block of `PROBE`
+    steps in the next one, not `BLOCK`: it leaves again after that if it is still as slow
+    (on an accelerator a host-synced drafting step can cost four plain ones, and on a
+    short job the next trials come as its rows finish), and runs its blocks as the others
+    do if it is not.
 
     Then the fastest kind runs, with a new trial after `RETRY` steps (doubling, up to
     `RETRY_MAX`, each time a trial picks the kind the previous one did: a drafter that keeps
