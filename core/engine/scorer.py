@@ -132,8 +132,8 @@ def merge_widths(buckets: list[tuple[list[int], int]]) -> list[list[int]]:
     best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j):
-            rows = sum(len(r) for r, _ in buckets[i:j])
-            cost = best[i] + rows * max(w for _, w in buckets[i:j]) + (split if i else 0.0)
+            count = sum(len(r) for r, _ in buckets[i:j])
+            cost = best[i] + count * max(w for _, w in buckets[i:j]) + (split if i else 0.0)
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     groups, j = [], n
