@@ -531,7 +531,7 @@ def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, monkeypatc
     _ngram_batch_on_repetitive_prompts(make_tiny)
     modes = [m for m, _ in seen]
     firsts = [i for i, m in enumerate(modes) if m == "plain" and i > 0 and modes[i - 1] == "draft"]
-    assert len(firsts) >= 2
+    assert len(firsts) >= 1  # the first trial's plain block; later switches follow timing
     assert all(seen[i][1] for i in firsts) if ahead else not any(seen[i][1] for i in firsts)
     assert not any(e for i, (m, e) in enumerate(seen) if i not in firsts and i > 0)
 
