@@ -16,7 +16,9 @@ measurements were pooled (`StepModes.DECAY`); `"prefill_only": true` has a step 
 prefilled count in them, as before (`Batch.MEASURE_PREFILL_ONLY`); `"entries": true` has a
 double-buffered kind's first step of a trial block count there, as before
 (`Batch.MEASURE_ENTRIES`); `"split": 0` gives every width bucket of a verify step its own
-segment (`scorer.SPLIT_QUERIES`), as before they merged.
+segment (`scorer.SPLIT_QUERIES`), as before they merged; `"timed": false` prices the
+resident loop's chain lengths by the cost model alone (`Batch.LOOP_TIMED`), as before its
+steps were timed by chain length (printed: the timed ms a step, by chain length).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -140,7 +142,7 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    kept = ("head_cost", "decay", "prefill_only", "entries", "split")
+    kept = ("head_cost", "decay", "prefill_only", "entries", "split", "timed")
     return {k: v for k, v in kw.items() if k not in kept}
 
 
@@ -157,6 +159,7 @@ def _run(eng, kw: dict, reqs):
     StepModes.DECAY = kw.get("decay", decay)
     generate.Batch.MEASURE_PREFILL_ONLY = kw.get("prefill_only", False)
     generate.Batch.MEASURE_ENTRIES = kw.get("entries", False)
+    generate.Batch.LOOP_TIMED = kw.get("timed", True)
     split = scorer.SPLIT_QUERIES
     scorer.SPLIT_QUERIES = kw.get("split", split)
     try:
@@ -164,6 +167,7 @@ def _run(eng, kw: dict, reqs):
     finally:
         FeatureHeadDrafter.step_cost, StepModes.DECAY = measured, decay
         generate.Batch.MEASURE_PREFILL_ONLY = generate.Batch.MEASURE_ENTRIES = False
+        generate.Batch.LOOP_TIMED = True
         scorer.SPLIT_QUERIES = split
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
@@ -171,15 +175,16 @@ def _run(eng, kw: dict, reqs):
             (collections.Counter(b.modes.steps) for b in made if b.modes), collections.Counter()
         )
         TRIALS[id(eng)] = [t for b in made if b.modes for t in b.modes.trials]
-        LOOP[id(eng)] = next(
-            (b.loop_speedups() for b in reversed(made) if b._loop_head is not None), None
-        )
+        last = next((b for b in reversed(made) if b._loop_head is not None), None)
+        LOOP[id(eng)] = None if last is None else last.loop_speedups()
+        TIMED[id(eng)] = None if last is None else last._loop_timed(last._loop_rows())
 
 
 CHAINS: dict[int, collections.Counter] = {}
 KINDS: dict[int, collections.Counter] = {}  # the step modes' steps by kind
 TRIALS: dict[int, list] = {}  # the step modes' trials (StepModes.trials)
 LOOP: dict[int, object] = {}  # the loop's predicted speedups by chain length, at the end
+TIMED: dict[int, object] = {}  # the loop's step seconds by chain length, as timed (LoopTimes)
 
 
 def _chains(eng) -> str:
@@ -194,6 +199,10 @@ def _chains(eng) -> str:
     if LOOP.get(id(eng)) is not None:  # why the loop chose its chain (Batch._loop_k)
         out += "; loop's predicted speedup by chain length " + " ".join(
             f"{x:.2f}" for x in LOOP[id(eng)]
+        )
+    if TIMED.get(id(eng)):
+        out += "; loop's ms a step by chain length, timed " + ", ".join(
+            f"{k}: {1000 * s:.2f}" for k, s in sorted(TIMED[id(eng)].items())
         )
     for kinds, won in TRIALS.get(id(eng), []):  # each trial: kind steps/tokens/ms, its rate
         out += f"\n     trial -> {won}: " + ", ".join(

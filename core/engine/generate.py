@@ -43,6 +43,7 @@ from .draft_length import (
     PRIORS,
     WARMUP,
     AcceptanceStats,
+    LoopTimes,
     Offer,
     RowPolicy,
     StepModes,
@@ -69,6 +70,7 @@ MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
 PROMPT_HEAD = 256  # prompt tokens of every row compared at once to find a shared prefix
 LOOP_CHOOSE_EVERY = 16  # steps between choices of the resident loop's chain length
 LOOP_SWITCH = 1.03  # the predicted gain that changes it
+LOOP_EXPLORE = 0.9  # a length next to the chosen one, not yet timed, runs once this close
 
 
 @dataclass
@@ -242,6 +244,8 @@ class Engine:
         # Drafters' step timings on this machine, kept across batches: (drafter, capacity)
         # -> rows -> milliseconds (FeatureHeadDrafter.step_cost).
         self.step_ms: dict[tuple[str, int], dict[int, float]] = {}
+        # The resident loop's step times by rows and chain length, kept across batches.
+        self.loop_times = LoopTimes()
         # Per job: the suffix index of its finished answers (`suffix` drafting).
         self.corpora = Corpora()
 
@@ -335,6 +339,7 @@ class Batch:
 
     MEASURE_PREFILL_ONLY = False  # True: a step that only prefilled counts in the step modes
     MEASURE_ENTRIES = False  # True: a double-buffered kind's entry counts in a trial too
+    LOOP_TIMED = True  # False: the loop's chain length priced by the cost model alone
 
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
@@ -351,6 +356,7 @@ class Batch:
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
         self._loop: ResidentLoop | None = None  # the resident loop, while rows run it
         self._chain: tuple[int, int] | None = None  # the loop's chain length, when chosen
+        self._loop_t: float | None = None  # when the loop's last step began (LoopTimes)
         self.loop_steps: Counter[int] = Counter()  # the loop's steps by chain length
         # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
@@ -694,37 +700,69 @@ class Batch:
         expected tokens per unit of time are the most (`draft_length.chain_speedups`) from
         the head's acceptance by draft position in the loop (`Engine.carried(head,
         loop=True)`: carried across the engine's requests and measured by the loop as it
-        runs) and this machine's costs at the rows the loop runs
-        (the verify surface's width cost; the head's depths, timed); 0 where no chain beats
-        plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen length changes
-        (leaving the loop and entering it again: one step's sync) only for a predicted gain
-        of `LOOP_SWITCH` or more, so near-ties do not make it flap."""
+        runs) and this machine's costs at the rows the loop runs: the verify surface's width
+        cost and the head's depths, timed, until the loop's own steps are
+        (`Engine.loop_times`: a length's steps as run, against another's). 0 where no chain
+        beats plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen length
+        changes (leaving the loop and entering it again: one step's sync) only for a
+        predicted gain of `LOOP_SWITCH` or more, so near-ties do not make it flap. A length
+        next to the best one that has not been timed at these rows runs for one choice's
+        steps where it is predicted within `LOOP_EXPLORE` of the best: a model that
+        misprices a depth is found out where it matters, next to its choice."""
         if self.engine.k:
             return self.engine.k
         if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
             return self._chain[0]
+        rows = self._loop_rows()
         speedups = self.loop_speedups()
         k = int(np.argmax(speedups))
-        if self._chain is not None and speedups[k] < LOOP_SWITCH * speedups[self._chain[0]]:
+        timed = self._loop_timed(rows)
+        near = [
+            n
+            for n in (k - 1, k + 1)
+            if k
+            and 1 <= n < len(speedups)
+            and n not in timed
+            and speedups[n] >= LOOP_EXPLORE * speedups[k]
+        ]
+        if k in timed and near:
+            k = max(near, key=lambda n: speedups[n])
+        elif self._chain is not None and speedups[k] < LOOP_SWITCH * speedups[self._chain[0]]:
             k = self._chain[0]
         self._chain = (k, self.steps)
         return k
+
+    def _loop_rows(self) -> int:
+        """The rows a loop step computes: every slot on CUDA, else the live rows."""
+        if self.cache.pad > 1:
+            return self.capacity
+        return max(sum(s is not None and s.finish_reason is None for s in self.rows), 1)
 
     def loop_speedups(self) -> np.ndarray:
         """The resident loop's predicted speedup over plain steps by chain length, 0 ..
         `K_MAX` (`draft_length.chain_speedups`), at the rows it runs now."""
         head = self._loop_head
-        live = sum(s is not None and s.finish_reason is None for s in self.rows)
-        rows = self.capacity if self.cache.pad > 1 else max(live, 1)  # CUDA: every slot
+        rows = self._loop_rows()
         return chain_speedups(
             self.engine.carried(head, loop=True).gains(K_MAX),
             head.step_cost(rows),
             self.engine.surface.verify_cost(rows),
+            self._loop_timed(rows),
         )
+
+    def _loop_timed(self, rows: int) -> dict[int, float]:
+        """The loop's step seconds by chain length at `rows`, as timed (`LoopTimes`)."""
+        return self.engine.loop_times.measured(rows) if self.LOOP_TIMED else {}
 
     def _step_resident(self) -> list[GenerationResult]:
         """A step of the resident loop: the next one queued, then the one before it read
-        and committed while this one runs."""
+        and committed while this one runs. From the loop's third step on, the time since
+        the last one began is a step's time at its chain length (`Engine.loop_times`): the
+        entry drafts host-synced, and the step after it reads the entry's."""
+        now = time.perf_counter()
+        if self._loop is not None and self._loop_t is not None:
+            self.engine.loop_times.add(self._loop_rows(), self._loop.k, now - self._loop_t)
+        self._loop_t = now if self._loop is not None else None
         if self._loop is None:  # entering: the head drafts the first tokens as usual
             self._read_lag()
             decode = [s for s in self.rows if s is not None and s.decoding]
@@ -784,6 +822,7 @@ class Batch:
         """Read and commit the loop's step in flight; the head reads on as after a verify."""
         step = self._loop.drain()
         self._loop = None
+        self._loop_t = None
         if step is not None:
             with self._drain("loop"):
                 self._commit_loop(step, last=True)

@@ -10,6 +10,7 @@ from core.engine.draft_length import (
     PROBE_EVERY,
     WARMUP,
     AcceptanceStats,
+    LoopTimes,
     Offer,
     RowPolicy,
     allocate,
@@ -48,6 +49,38 @@ def test_chain_speedups_price_each_length_by_its_acceptance_and_costs():
     assert int(np.argmax(chain_speedups(gains, 0.0))) == 3
     assert int(np.argmax(chain_speedups(gains, 0.01, CPU.verify_cost(64)))) == 0
     assert chain_speedups(gains, 0.01, CPU.verify_cost(1))[1] == pytest.approx(1.9 / 1.121, 1e-3)
+
+
+def test_measured_step_times_price_chain_lengths_against_each_other():
+    """One length timed changes nothing. Two timed: their costs against each other are the
+    measured ones (here chains of two cost 1.5 of chains of one a step, where the model
+    priced them at 1.2 / 1.1), at the model's level; an untimed length moves as far as its
+    nearest timed one did."""
+    gains = [0.6, 0.5, 0.1]
+    model = chain_speedups(gains, 0.1)
+    assert int(np.argmax(model)) == 2
+    assert chain_speedups(gains, 0.1, measured={2: 0.0102}) == pytest.approx(model)
+    s = chain_speedups(gains, 0.1, measured={1: 0.0067, 2: 0.0102, 9: 1.0})
+    assert int(np.argmax(s)) == 1
+    cost = (1 + np.cumsum(gains)) / s[1:]
+    assert cost[1] / cost[0] == pytest.approx(10.2 / 6.7)
+    scale = (0.0067 / 1.1 + 0.0102 / 1.2) / 2  # seconds a plain step: the median of two
+    assert cost[0] == pytest.approx(0.0067 / scale)
+    assert cost[2] - cost[1] == pytest.approx(1.3 - 1.2)  # k = 3 moved as k = 2 was
+
+
+def test_loop_times_are_the_median_of_the_recent_steps_by_rows_and_length():
+    t = LoopTimes()
+    for s in (0.023, 0.012, 0.013):
+        t.add(49, 2, s)
+    assert t.measured(49) == {}  # fewer than ENOUGH steps
+    t.add(64, 2, 0.014)  # 49 and 64 rows: one power of two
+    t.add(33, 1, 0.5)
+    assert t.measured(50) == {2: pytest.approx(0.0135)}
+    assert t.measured(32) == {}
+    for _ in range(LoopTimes.KEEP):
+        t.add(64, 2, 0.007)
+    assert t.measured(64) == {2: 0.007}  # the first, slow steps have left
 
 
 def test_free_width_drafts_every_offered_token():

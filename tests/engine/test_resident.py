@@ -7,11 +7,12 @@ and with CUDA's padded all-slot layout."""
 from collections import Counter
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
-from core.engine.draft_length import StepModes
-from core.engine.generate import Batch
+from core.engine.draft_length import LoopTimes, StepModes
+from core.engine.generate import LOOP_EXPLORE, Batch
 from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
 
@@ -273,6 +274,76 @@ def test_the_loops_chain_length_follows_the_machines_costs(make_tiny, adapter_ho
         chains[name], plain[name] = batch.loop_steps, batch.steps - batch.loop_steps.total()
     assert max(chains["free"]) > 1 and chains["free"].total() > 5
     assert not chains["dear"] and plain["dear"] > 20
+
+
+def _times(eng, ms: dict[int, float]) -> None:
+    """The engine's loop with `LoopTimes.ENOUGH` steps timed at `ms` milliseconds for each
+    chain length given, at every row count of a three-row batch."""
+    for rows in (1, 2, 3):
+        for k, t in ms.items():
+            for _ in range(LoopTimes.ENOUGH):
+                eng.loop_times.add(rows, k, t / 1000)
+
+
+def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(make_tiny, adapter_home):
+    """Where the model's best length is timed and a length next to it is predicted nearly
+    as good, untimed, that one runs next; once both are timed, the one whose timed steps
+    give the more tokens a second runs, whatever the model priced."""
+    target = make_tiny(3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("APPLESPEC_HOME", str(adapter_home))
+        store_head(target)
+        eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
+    batch = eng.new_batch()
+    model = batch.loop_speedups()
+    k = int(np.argmax(model))
+    near = max((k - 1, k + 1), key=lambda n: model[n])
+    assert k >= 2 and model[near] >= LOOP_EXPLORE * model[k]  # (the test's premise)
+
+    def choose() -> int:
+        batch._chain = None
+        return batch._loop_k()
+
+    assert choose() == k  # nothing timed: the model's best
+    _times(eng, {k: 10.0})
+    assert choose() == near
+    _times(eng, {k - 1: 20.0, k + 1: 20.0})  # both neighbours slower a step: k again
+    assert choose() == k
+    eng.loop_times = LoopTimes()  # every length timed, `near` at half of k's time a step
+    _times(eng, {**dict.fromkeys(range(1, 17), 20.0), k: 10.0, near: 5.0})
+    assert choose() == near
+
+
+def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
+    make_tiny, adapter_home, monkeypatch
+):
+    """A batch times its loop's steps from each loop's third step on, by the chain length
+    that ran; with chains of one timed far cheaper a step than every longer chain, it runs
+    chains of one only, and output is plain greedy's."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    added = Counter()
+    add = LoopTimes.add
+
+    def counted(self, rows, k, seconds):
+        added[k] += 1
+        return add(self, rows, k, seconds)
+
+    monkeypatch.setattr(LoopTimes, "add", counted)
+    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
+    _times(eng, {1: 0.001, **{k: 1000.0 for k in range(2, 17)}})
+    added.clear()
+    seen = _counted(monkeypatch)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=30)) for p in WORKLOAD[:5]]
+    batch = eng.new_batch()
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    out = sorted(batch.run(), key=lambda r: r.tag)
+    seen = dict(seen)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert set(batch.loop_steps) == {1} and set(added) == {1}
+    assert 0 < added[1] <= seen["steps"] - seen["entries"]
 
 
 def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
