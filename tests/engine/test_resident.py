@@ -111,28 +111,41 @@ def test_resident_greedy_output_is_plain_greedy(
 def test_each_loop_entry_reaches_the_step_modes_as_an_entry(make_tiny, adapter_home, monkeypatch):
     """Where the device runs ahead of the host, every step that enters the loop (its first
     chain drafted host-synced, its first step queued, nothing of its own read) is told to
-    the step modes as an entry, and no other loop step is; output stays plain greedy's."""
+    the step modes as an entry, and no other step of the loop's kind is: each step's flag
+    is checked against whether that step entered the loop. Output stays plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     monkeypatch.setattr(Engine, "RUNS_AHEAD", True)
     monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: the loop is entered again
     monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
     target = make_tiny(3)
     store_head(target)
-    entries = Counter()
-    observe = StepModes.observe
+    flags = []  # each observed step of the loop's kind: (told an entry, entered the loop)
+    entered = {"last": None}  # the step that ran last: entered the loop, or ran in it
+    observe, step, resident = StepModes.observe, Batch._step, Batch._step_resident
 
     def recorded(self, mode, tokens, seconds, rows=None, evidence=0, entry=False):
-        entries[(mode, entry)] += 1
+        if mode == "loop":
+            flags.append((entry, entered["last"]))
         return observe(self, mode, tokens, seconds, rows, evidence, entry)
 
+    def marked_step(self):
+        entered["last"] = None  # (a host-synced step of the loop's kind: rows joining)
+        return step(self)
+
+    def marked_resident(self):
+        entered["last"] = self._loop is None
+        return resident(self)
+
     monkeypatch.setattr(StepModes, "observe", recorded)
-    seen = _counted(monkeypatch)
+    monkeypatch.setattr(Batch, "_step", marked_step)
+    monkeypatch.setattr(Batch, "_step_resident", marked_resident)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=40)) for p in WORKLOAD[:4]]
     eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=True)
     out = _priced(eng, 0.02).generate_many(reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
-    assert seen["entries"] >= 2 and entries[("loop", True)] == seen["entries"]
-    assert entries[("loop", False)] >= seen["steps"] - seen["entries"] > 0
+    assert all(told == bool(was) for told, was in flags), flags
+    counts = Counter(was for _, was in flags)
+    assert counts[True] >= 2 and counts[False] > counts[True]
 
 
 def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
