@@ -288,21 +288,22 @@ auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-
   fi
   grep -v "first steps" "$OUT"/h200-auto-loop-*.txt | cut -c1-300
   ;;
-pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.txt, h200-pooled-labeling.txt: `auto` against `auto` with a double-buffered kind's entry step counted in its trial blocks (`"entries": true`, as before cf11f61), in R interleaved rounds (5 unless set): beside none and `head` at batch 1 (12 held-out open prompts of up to 64 tokens) and at 49 rows, beside `ngram` and `suffix` on labeling-256 at 64 rows (B1_S, B49_S, LAB_S: each part's time limit, 0 leaves it out)
+pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.txt, h200-pooled-labeling.txt: `auto` and `head` against themselves with the step_split keywords AB (default `"timed": false`: the loop's chain length priced by the cost model alone, as before 17874e2; `"entries": true` gave cf11f61's A/B), in R interleaved rounds (5 unless set): beside none at batch 1 (12 held-out open prompts of up to 64 tokens) and at 49 rows, beside `ngram` and `suffix` on labeling-256 at 64 rows (B1_S, B49_S, LAB_S: each part's time limit, 0 leaves it out)
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
+  AB=${AB:-'"timed": false'}
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   [ "${B1_S:-200}" = 0 ] || N=12 M=64 R=${R:-5} timeout ${B1_S:-200} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
-    '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' '["auto", {"batch_size": 1, "entries": true}]' \
-    '["head", {"batch_size": 1}]' > "$OUT/h200-pooled-b1.txt" 2>&1 || true
+    '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' "[\"auto\", {\"batch_size\": 1, $AB}]" \
+    '["head", {"batch_size": 1}]' "[\"head\", {\"batch_size\": 1, $AB}]" > "$OUT/h200-pooled-b1.txt" 2>&1 || true
   [ "${B49_S:-150}" = 0 ] || R=${R:-5} timeout ${B49_S:-150} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
-    '["none", {}]' '["auto", {}]' '["auto", {"entries": true}]' '["head", {}]' > "$OUT/h200-pooled-b49.txt" 2>&1 || true
+    '["none", {}]' '["auto", {}]' "[\"auto\", {$AB}]" '["head", {}]' "[\"head\", {$AB}]" > "$OUT/h200-pooled-b49.txt" 2>&1 || true
   if [ "${LAB_S:-200}" != 0 ]; then
     python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
     N=256 R=${R:-5} timeout ${LAB_S:-200} python3 bench/step_split.py "$HOME/labeling-256.jsonl" '["ngram", {}]' \
-      '["suffix", {}]' '["auto", {}]' '["auto", {"entries": true}]' > "$OUT/h200-pooled-labeling.txt" 2>&1 || true
+      '["suffix", {}]' '["auto", {}]' "[\"auto\", {$AB}]" > "$OUT/h200-pooled-labeling.txt" 2>&1 || true
   fi
-  grep -v "first steps\|trial ->" "$OUT"/h200-pooled-*.txt | cut -c1-300
+  grep -v "first steps\|trial ->" "$OUT"/h200-pooled-*.txt | cut -c1-400
   ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
