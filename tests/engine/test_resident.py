@@ -298,15 +298,16 @@ def _times(eng, ms: dict[int, float]) -> None:
                 eng.loop_times.add(rows, k, t / 1000)
 
 
-def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(make_tiny, adapter_home):
+def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(
+    make_tiny, adapter_home, monkeypatch
+):
     """Where the model's best length is timed and a length next to it is predicted nearly
     as good, untimed, that one runs next; once both are timed, the one whose timed steps
     give the more tokens a second runs, whatever the model priced."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     target = make_tiny(3)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("APPLESPEC_HOME", str(adapter_home))
-        store_head(target)
-        eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
+    store_head(target)
+    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
     batch = eng.new_batch()
     model = batch.loop_speedups()
     k = int(np.argmax(model))
