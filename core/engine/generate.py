@@ -71,6 +71,8 @@ PROMPT_HEAD = 256  # prompt tokens of every row compared at once to find a share
 LOOP_CHOOSE_EVERY = 16  # steps between choices of the resident loop's chain length
 LOOP_SWITCH = 1.03  # the predicted gain that changes it
 LOOP_EXPLORE = 0.9  # a length next to the chosen one, not yet timed, runs once this close
+LOOP_PROBE = 64  # steps of plain decoding, where no chain paid, before the loop runs again
+LOOP_PROBE_MAX = 1024  # (doubling each time it still does not pay)
 
 
 @dataclass
@@ -357,6 +359,7 @@ class Batch:
         self._loop: ResidentLoop | None = None  # the resident loop, while rows run it
         self._chain: tuple[int, int] | None = None  # the loop's chain length, when chosen
         self._loop_t: float | None = None  # when the loop's last step began (LoopTimes)
+        self._probe = (0, LOOP_PROBE)  # the step a chain last ran from, steps until a probe
         self.loop_steps: Counter[int] = Counter()  # the loop's steps by chain length
         # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
         self._heads = np.full((capacity, PROMPT_HEAD), -1, np.int32)
@@ -708,7 +711,15 @@ class Batch:
         predicted gain of `LOOP_SWITCH` or more, so near-ties do not make it flap. A length
         next to the best one that has not been timed at these rows runs for one choice's
         steps where it is predicted within `LOOP_EXPLORE` of the best: a model that
-        misprices a depth is found out where it matters, next to its choice."""
+        misprices a depth is found out where it matters, next to its choice.
+
+        Where no chain pays, the loop's acceptance is no longer measured (plain steps
+        draft nothing), so a job whose first rows the head drafted badly for would never
+        draft again: after `LOOP_PROBE` steps without a chain, the best length runs for one
+        choice's steps all the same, and the wait doubles (to `LOOP_PROBE_MAX`) each time
+        the probe leaves it not paying. (On this CPU at batch 1 one prompt the head drafts
+        badly for took its first-token acceptance from 0.63 to 0.19 and the chain's
+        predicted gain below plain steps, where the next prompts' would have paid.)"""
         if self.engine.k:
             return self.engine.k
         if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
@@ -725,10 +736,16 @@ class Batch:
             and n not in timed
             and speedups[n] >= LOOP_EXPLORE * speedups[k]
         ]
+        since, wait = self._probe
         if k in timed and near:
             k = max(near, key=lambda n: speedups[n])
+        elif k == 0 and self.steps - since >= wait:  # a probe
+            k = 1 + int(np.argmax(speedups[1:]))
+            self._probe = (self.steps, min(2 * wait, LOOP_PROBE_MAX))
         elif self._chain is not None and speedups[k] < LOOP_SWITCH * speedups[self._chain[0]]:
             k = self._chain[0]
+        if k and speedups[k] > 1.0:  # a chain that pays: the next probe waits from scratch
+            self._probe = (self.steps, LOOP_PROBE)
         self._chain = (k, self.steps)
         return k
 

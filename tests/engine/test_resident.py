@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams, LoadedModel, generate
 from core.engine.draft_length import LoopTimes, StepModes
 from core.engine.generate import LOOP_EXPLORE, Batch
 from tests.engine.conftest import store_head
@@ -358,6 +358,44 @@ def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert set(batch.loop_steps) == {1} and set(added) == {1}
     assert 0 < added[1] <= seen["steps"] - seen["entries"]
+
+
+def test_where_no_chain_pays_the_loop_still_probes_now_and_then(
+    make_tiny, adapter_home, monkeypatch
+):
+    """Each token a row costing a whole plain step, no chain pays and plain steps run; yet
+    after `LOOP_PROBE` steps without a chain the best length runs for one choice's steps
+    (its acceptance is measured only as it runs), each next probe waiting twice as long up
+    to `LOOP_PROBE_MAX`. Output is plain greedy's."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setattr(generate, "LOOP_CHOOSE_EVERY", 4)
+    monkeypatch.setattr(generate, "LOOP_PROBE", 8)
+    monkeypatch.setattr(generate, "LOOP_PROBE_MAX", 16)
+    target = make_tiny(3)
+    store_head(target)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=40)) for p in WORKLOAD[:3]]
+    by_width = tuple(tuple(float(w) for w in FLAT.widths) for _ in FLAT.batches)
+    dear = CostSurface(FLAT.batches, FLAT.widths, by_width)
+    probes = []
+    choose = Batch._loop_k
+
+    def recorded(self):
+        before = self._probe
+        k = choose(self)
+        if self._probe != before and k:
+            probes.append((self.steps, self._probe[1], k))
+        return k
+
+    monkeypatch.setattr(Batch, "_loop_k", recorded)
+    eng = _priced(Engine(target, draft="head", surface=dear, batch_size=3, resident=True), 0.02)
+    batch = eng.new_batch()
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    out = sorted(batch.run(), key=lambda r: r.tag)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert len(probes) >= 2 and [w for _, w, _ in probes[:2]] == [16, 16]
+    assert probes[1][0] - probes[0][0] >= 16  # the second waited twice the first's 8
+    assert 0 < batch.loop_steps.total() < batch.steps / 2, (batch.loop_steps, batch.steps)
 
 
 def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
