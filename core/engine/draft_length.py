@@ -96,30 +96,44 @@ class LoopTimes:
     """The resident loop's step times as batches run them, by the rows it runs (rounded up
     to a power of two) and chain length: a step's time is the median of the last `KEEP`
     (the first steps after a loop starts on a fresh device can take twice the later ones),
-    known once `ENOUGH` steps ran. Kept by the engine across batches: what `_loop_k`
-    prices chain lengths with (`chain_speedups`' `measured`)."""
+    known once `ENOUGH` steps ran and while fresh: a length none of whose steps came among
+    the last `FRESH` timed at those rows is timed again from scratch before it counts. A
+    device's step time drifts within a process, and on a CPU with the context's length, so
+    lengths compare best where they ran near each other in time: on this CPU at batch 1,
+    with no such expiry, chains of one kept a median of 107 ms a step against 85 ms for
+    chains of two, which do strictly more work. Kept by the engine across batches: what
+    `_loop_k` prices chain lengths with (`chain_speedups`' `measured`)."""
 
     KEEP = 32
     ENOUGH = 4
+    FRESH = 256
 
     def __init__(self) -> None:
-        self._seconds: dict[tuple[int, int], deque[float]] = {}
+        self._seconds: dict[tuple[int, int], deque[tuple[int, float]]] = {}
+        self._count: dict[int, int] = {}  # steps timed at each row bucket
 
     @staticmethod
     def _bucket(rows: int) -> int:
         return 1 << (max(rows, 1) - 1).bit_length()
 
     def add(self, rows: int, k: int, seconds: float) -> None:
-        key = (self._bucket(rows), k)
-        self._seconds.setdefault(key, deque(maxlen=self.KEEP)).append(seconds)
+        """A step of chain length `k` at `rows` took `seconds`; a length timed again after
+        going stale starts from this step."""
+        b = self._bucket(rows)
+        self._count[b] = n = self._count.get(b, 0) + 1
+        kept = self._seconds.setdefault((b, k), deque(maxlen=self.KEEP))
+        if kept and kept[-1][0] <= n - self.FRESH:
+            kept.clear()
+        kept.append((n, seconds))
 
     def measured(self, rows: int) -> dict[int, float]:
-        """Chain length -> a step's seconds at `rows`, for the lengths timed enough."""
+        """Chain length -> a step's seconds at `rows`, for the lengths timed enough, lately."""
         b = self._bucket(rows)
+        now = self._count.get(b, 0)
         return {
-            k: float(np.median(s))
+            k: float(np.median([t for _, t in s]))
             for (r, k), s in self._seconds.items()
-            if r == b and len(s) >= self.ENOUGH
+            if r == b and len(s) >= self.ENOUGH and s[-1][0] > now - self.FRESH
         }
 
 

@@ -81,6 +81,17 @@ def test_loop_times_are_the_median_of_the_recent_steps_by_rows_and_length():
     for _ in range(LoopTimes.KEEP):
         t.add(64, 2, 0.007)
     assert t.measured(64) == {2: 0.007}  # the first, slow steps have left
+    for _ in range(LoopTimes.ENOUGH):
+        t.add(64, 1, 0.005)
+    assert t.measured(64) == {1: 0.005, 2: 0.007}
+    for _ in range(LoopTimes.FRESH - LoopTimes.ENOUGH):
+        t.add(64, 1, 0.005)
+    assert t.measured(64) == {1: 0.005}  # 2's last step is no longer among the fresh ones
+    for _ in range(LoopTimes.ENOUGH - 1):
+        t.add(64, 2, 0.009)
+    assert t.measured(64) == {1: 0.005}  # timed again from scratch: not enough yet
+    t.add(64, 2, 0.009)
+    assert t.measured(64) == {1: 0.005, 2: 0.009}
 
 
 def test_free_width_drafts_every_offered_token():
