@@ -17,11 +17,22 @@ from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
 
 FLAT = CostSurface.flat()
+# Each token a row as dear as a plain step (a compute-bound machine): no chain pays.
+DEAR = CostSurface(
+    FLAT.batches, FLAT.widths, tuple(tuple(float(w) for w in FLAT.widths) for _ in FLAT.batches)
+)
 
 
 def _plain(target, reqs):
     eng = Engine(target, draft="none", surface=FLAT, batch_size=1)
     return [eng.generate(p, q).tokens for p, q in reqs]
+
+
+def _through(batch: Batch, reqs) -> list:
+    """The requests through `batch`; results in request order."""
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    return sorted(batch.run(), key=lambda r: r.tag)
 
 
 def _priced(eng, ms: float) -> Engine:
@@ -274,15 +285,11 @@ def test_the_loops_chain_length_follows_the_machines_costs(make_tiny, adapter_ho
     store_head(target)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in WORKLOAD[:3]]
     want = _plain(target, reqs)
-    by_width = tuple(tuple(float(w) for w in FLAT.widths) for _ in FLAT.batches)
-    dear = CostSurface(FLAT.batches, FLAT.widths, by_width)
     chains, plain = {}, {}
-    for name, surface in (("free", FLAT), ("dear", dear)):
+    for name, surface in (("free", FLAT), ("dear", DEAR)):
         eng = Engine(target, draft="head", surface=surface, batch_size=3, resident=True)
         batch = _priced(eng, 0.02).new_batch()
-        for i, (p, q) in enumerate(reqs):
-            batch.submit(p, q, tag=i)
-        out = sorted(batch.run(), key=lambda r: r.tag)
+        out = _through(batch, reqs)
         assert [r.tokens for r in out] == want
         chains[name], plain[name] = batch.loop_steps, batch.steps - batch.loop_steps.total()
     assert max(chains["free"]) > 1 and chains["free"].total() > 5
@@ -351,9 +358,7 @@ def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
     seen = _counted(monkeypatch)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=30)) for p in WORKLOAD[:5]]
     batch = eng.new_batch()
-    for i, (p, q) in enumerate(reqs):
-        batch.submit(p, q, tag=i)
-    out = sorted(batch.run(), key=lambda r: r.tag)
+    out = _through(batch, reqs)
     seen = dict(seen)
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert set(batch.loop_steps) == {1} and set(added) == {1}
@@ -374,8 +379,6 @@ def test_where_no_chain_pays_the_loop_still_probes_now_and_then(
     target = make_tiny(3)
     store_head(target)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=40)) for p in WORKLOAD[:3]]
-    by_width = tuple(tuple(float(w) for w in FLAT.widths) for _ in FLAT.batches)
-    dear = CostSurface(FLAT.batches, FLAT.widths, by_width)
     probes = []
     choose = Batch._loop_k
 
@@ -387,11 +390,9 @@ def test_where_no_chain_pays_the_loop_still_probes_now_and_then(
         return k
 
     monkeypatch.setattr(Batch, "_loop_k", recorded)
-    eng = _priced(Engine(target, draft="head", surface=dear, batch_size=3, resident=True), 0.02)
+    eng = _priced(Engine(target, draft="head", surface=DEAR, batch_size=3, resident=True), 0.02)
     batch = eng.new_batch()
-    for i, (p, q) in enumerate(reqs):
-        batch.submit(p, q, tag=i)
-    out = sorted(batch.run(), key=lambda r: r.tag)
+    out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert len(probes) >= 2 and [w for _, w, _ in probes[:2]] == [16, 16]
     assert probes[1][0] - probes[0][0] >= 16  # the second waited twice the first's 8
@@ -437,9 +438,7 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     assert batch.modes.kinds == ("draft", "loop", "plain")
     off = Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=False).new_batch()
     assert off.modes.kinds == ("draft", "plain")  # no loop: the head drafts host-synced
-    for i, (p, q) in enumerate(reqs):
-        batch.submit(p, q, tag=i)
-    out = sorted(batch.run(), key=lambda r: r.tag)
+    out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert all(batch.modes.steps[kind] >= batch.modes.BLOCK for kind in batch.modes.kinds)
     loop_tokens = sum(k * n for k, n in batch.loop_steps.items())
@@ -496,9 +495,7 @@ def test_each_kind_of_step_drafts_with_its_own_drafters(make_tiny, tmp_path, mon
     reqs[0] = (reqs[0][0], GenerationParams(max_tokens=60, logprobs=True))
     eng = _priced(Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=resident), 0.02)
     batch = eng.new_batch()
-    for i, (p, q) in enumerate(reqs):
-        batch.submit(p, q, tag=i)
-    out = sorted(batch.run(), key=lambda r: r.tag)
+    out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert batch.modes.steps["draft"] >= batch.modes.BLOCK
     assert by_kind["lookup"]["draft"] >= batch.modes.BLOCK
