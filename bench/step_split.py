@@ -18,7 +18,7 @@ double-buffered kind's first step of a trial block count there, as before
 (`Batch.MEASURE_ENTRIES`); `"split": 0` gives every width bucket of a verify step its own
 segment (`scorer.SPLIT_QUERIES`), as before they merged; `"timed": false` prices the
 resident loop's chain lengths by the cost model alone (`Batch.LOOP_TIMED`), as before its
-steps were timed by chain length (printed: the timed ms a step, by chain length).
+steps were timed by chain length (printed either way: the timed ms a step, by chain length).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -167,7 +167,6 @@ def _run(eng, kw: dict, reqs):
     finally:
         FeatureHeadDrafter.step_cost, StepModes.DECAY = measured, decay
         generate.Batch.MEASURE_PREFILL_ONLY = generate.Batch.MEASURE_ENTRIES = False
-        generate.Batch.LOOP_TIMED = True
         scorer.SPLIT_QUERIES = split
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
@@ -176,15 +175,16 @@ def _run(eng, kw: dict, reqs):
         )
         TRIALS[id(eng)] = [t for b in made if b.modes for t in b.modes.trials]
         last = next((b for b in reversed(made) if b._loop_head is not None), None)
-        LOOP[id(eng)] = None if last is None else last.loop_speedups()
-        TIMED[id(eng)] = None if last is None else last._loop_timed(last._loop_rows())
+        LOOP[id(eng)] = None if last is None else last.loop_speedups()  # as this run priced
+        TIMED[id(eng)] = None if last is None else eng.loop_times.measured(last._loop_rows())
+        generate.Batch.LOOP_TIMED = True
 
 
 CHAINS: dict[int, collections.Counter] = {}
 KINDS: dict[int, collections.Counter] = {}  # the step modes' steps by kind
 TRIALS: dict[int, list] = {}  # the step modes' trials (StepModes.trials)
 LOOP: dict[int, object] = {}  # the loop's predicted speedups by chain length, at the end
-TIMED: dict[int, object] = {}  # the loop's step seconds by chain length, as timed (LoopTimes)
+TIMED: dict[int, object] = {}  # the loop's step seconds by chain length (LoopTimes; used or not)
 
 
 def _chains(eng) -> str:
