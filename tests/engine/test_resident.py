@@ -308,10 +308,12 @@ def _times(eng, ms: dict[int, float]) -> None:
 def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(
     make_tiny, adapter_home, monkeypatch
 ):
-    """Where the model's best length is timed and a length next to it is predicted nearly
-    as good, untimed, that one runs next; once both are timed, the one whose timed steps
-    give the more tokens a second runs, whatever the model priced."""
+    """With `LOOP_TIMED`: where the model's best length is timed and a length next to it
+    is predicted nearly as good, untimed, that one runs next; once both are timed, the one
+    whose timed steps give the more tokens a second runs, whatever the model priced.
+    Without it (the default) the model's best runs, however the steps were timed."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setattr(Batch, "LOOP_TIMED", True)
     target = make_tiny(3)
     store_head(target)
     eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
@@ -333,6 +335,8 @@ def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(
     eng.loop_times = LoopTimes()  # every length timed, `near` at half of k's time a step
     _times(eng, {**dict.fromkeys(range(1, 17), 20.0), k: 10.0, near: 5.0})
     assert choose() == near
+    monkeypatch.setattr(Batch, "LOOP_TIMED", False)
+    assert choose() == k and np.array_equal(batch.loop_speedups(), model)
 
 
 def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
@@ -340,8 +344,9 @@ def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
 ):
     """A batch times its loop's steps from each loop's third step on, by the chain length
     that ran; with chains of one timed far cheaper a step than every longer chain, it runs
-    chains of one only, and output is plain greedy's."""
+    chains of one only (`LOOP_TIMED`), and output is plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setattr(Batch, "LOOP_TIMED", True)
     target = make_tiny(3)
     store_head(target)
     added = Counter()
