@@ -343,7 +343,7 @@ class Batch:
     MEASURE_ENTRIES = False  # True: a double-buffered kind's entry counts in a trial too
     # True: the loop's chain length priced by its own timed steps (`LoopTimes`, measured and
     # printed either way) once two lengths are timed, and an untimed neighbour of the best
-    # explored. Off: on an H100 (12/07) the exploring and the switches it made cost more than
+    # explored. Off: on an H100 (2026-12-07) the exploring and the switches it made cost more than
     # the choice gained: `head` 1.37x none timed against 1.39x at batch 1, 1.12x against 1.17x
     # at 49 rows, `auto` 1.27x / 1.31x and 1.00x / 1.05x, medians of 5 interleaved rounds.
     LOOP_TIMED = False
