@@ -19,7 +19,9 @@ double-buffered kind's first step of a trial block count there, as before
 segment (`scorer.SPLIT_QUERIES`), as before they merged; `"timed": true` prices the
 resident loop's chain lengths by its own steps timed by chain length once two are timed,
 exploring an untimed neighbour of the best (`Batch.LOOP_TIMED`, off by default; the timed ms
-a step by chain length are printed either way).
+a step by chain length are printed either way); `"pipelined": true` prices them by forwards
+timed back to back, as the loop runs them, instead of the surface's synchronized ones
+(`Batch.LOOP_PIPELINED`, off by default).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -143,7 +145,7 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    kept = ("head_cost", "decay", "prefill_only", "entries", "split", "timed")
+    kept = ("head_cost", "decay", "prefill_only", "entries", "split", "timed", "pipelined")
     return {k: v for k, v in kw.items() if k not in kept}
 
 
@@ -160,8 +162,9 @@ def _run(eng, kw: dict, reqs):
     StepModes.DECAY = kw.get("decay", decay)
     generate.Batch.MEASURE_PREFILL_ONLY = kw.get("prefill_only", False)
     generate.Batch.MEASURE_ENTRIES = kw.get("entries", False)
-    timed = generate.Batch.LOOP_TIMED
+    timed, pipelined = generate.Batch.LOOP_TIMED, generate.Batch.LOOP_PIPELINED
     generate.Batch.LOOP_TIMED = kw.get("timed", timed)
+    generate.Batch.LOOP_PIPELINED = kw.get("pipelined", pipelined)
     split = scorer.SPLIT_QUERIES
     scorer.SPLIT_QUERIES = kw.get("split", split)
     try:
@@ -179,7 +182,7 @@ def _run(eng, kw: dict, reqs):
         last = next((b for b in reversed(made) if b._loop_head is not None), None)
         LOOP[id(eng)] = None if last is None else last.loop_speedups()  # as this run priced
         TIMED[id(eng)] = None if last is None else eng.loop_times.measured(last._loop_rows())
-        generate.Batch.LOOP_TIMED = timed
+        generate.Batch.LOOP_TIMED, generate.Batch.LOOP_PIPELINED = timed, pipelined
 
 
 CHAINS: dict[int, collections.Counter] = {}

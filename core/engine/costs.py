@@ -154,6 +154,60 @@ def measure_surface(
     return CostSurface(tuple(batches), tuple(widths), tuple(tuple(map(float, r)) for r in g))
 
 
+PIPELINED_WIDTHS = (1, 2, 3, 4, 6, 8)  # tokens per row timed back to back (`pipelined_verify`)
+
+
+def pipelined_verify(
+    model: nn.Module,
+    rows: int,
+    pad: int | None = None,
+    widths: Sequence[int] = PIPELINED_WIDTHS,
+    context: int = CONTEXT,
+) -> Callable[[int], float]:
+    """Milliseconds of a step at `rows` rows as a function of its tokens per row, each
+    forward timed as a double-buffered loop runs it: `STEPS` queued
+    back to back and only the last waited for (`pipelined_ms`). The surface times one
+    synchronized forward, whose launch and wait hide what more queries cost on a GPU: on an
+    H100 at 64 rows it priced two tokens a row at 1.14x one and four the same, while the
+    resident loop's chains of two took 13.4 ms a step against 9.5 for chains of one. `pad`:
+    the cache's read padding (the CUDA layout's)."""
+    vocab = model.model.embed_tokens.weight.shape[0]
+    cache = BatchKVCache(len(model.model.layers), rows, pad=pad)
+    slots = list(range(rows))
+    prefix = np.random.default_rng(0).integers(0, vocab, (rows, context)).tolist()
+    mx.eval(forward(model, cache, [Segment(slots, prefix, logits="none")]))
+    cache.lengths[:] = context
+    runs = []
+    for w in widths:
+        toks = np.random.default_rng(w).integers(0, vocab, (rows, w)).tolist()
+        seg = [Segment(slots, toks)]
+        runs.append(lambda seg=seg: forward(model, cache, seg))
+    ms = np.maximum.accumulate(np.asarray(pipelined_ms(runs)))
+    ws = np.asarray(widths, float)
+    return lambda width: float(_interp_linear(ws, ms, np.asarray([width], float))[0])
+
+
+STEPS = 8  # forwards queued back to back per timing (`pipelined_ms`)
+
+
+def pipelined_ms(runs: Sequence[Callable[[], object]], repeats: int = 2) -> list[float]:
+    """Milliseconds a step of each run takes when `STEPS` of them are queued back to back
+    and only the last is waited for, in `repeats` interleaved rounds (best of each, after
+    one warm-up each), as `interleaved_ms` times one."""
+    for run in runs:
+        mx.eval(run())
+    best = [float("inf")] * len(runs)
+    for _ in range(repeats):
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            for _ in range(STEPS):
+                out = run()
+                mx.async_eval(out)
+            mx.eval(out)
+            best[i] = min(best[i], (time.perf_counter() - t0) / STEPS)
+    return [1000 * b for b in best]
+
+
 def best_ms(run: Callable[[], object], repeats: int = 2) -> float:
     """Milliseconds `mx.eval(run())` takes on this machine: once to warm up (kernels and
     attention graphs built for these shapes, work already in flight finished), then the

@@ -35,7 +35,7 @@ from mlx_lm.generate import generation_stream
 from . import drafters as registry
 from .acceptance import walk
 from .cache import BatchKVCache
-from .costs import CostSurface, load_kept, load_or_measure
+from .costs import CostSurface, load_kept, load_or_measure, pipelined_verify
 from .draft_length import (
     GATE_COST,
     K_INIT,
@@ -248,6 +248,8 @@ class Engine:
         self.step_ms: dict[tuple[str, int], dict[int, float]] = {}
         # The resident loop's step times by rows and chain length, kept across batches.
         self.loop_times = LoopTimes()
+        # rows (a power of two) -> ms of a pipelined forward by tokens per row (`loop_costs`)
+        self._pipelined: dict[int, Callable[[int], float]] = {}
         # Per job: the suffix index of its finished answers (`suffix` drafting).
         self.corpora = Corpora()
 
@@ -285,6 +287,15 @@ class Engine:
         if self._draft_cost is not None:
             return self._draft_cost
         return self.draft_surface(rows, rows) / self.surface(batch, batch)
+
+    def pipelined(self, rows: int, pad: int | None = None) -> Callable[[int], float]:
+        """Milliseconds of a forward of `rows` rows by its tokens per row, queued back to
+        back as a double-buffered loop runs it (`costs.pipelined_verify`): timed once per
+        power of two of rows, at that power."""
+        b = LoopTimes._bucket(rows)
+        if b not in self._pipelined:
+            self._pipelined[b] = pipelined_verify(self.target.model, b, pad)
+        return self._pipelined[b]
 
     def carried(self, drafter: Drafter, loop: bool = False) -> AcceptanceStats:
         """The drafter's acceptance by draft position, carried across requests. `loop`: the
@@ -347,6 +358,10 @@ class Batch:
     # the choice gained: `head` 1.37x none timed against 1.39x at batch 1, 1.12x against 1.17x
     # at 49 rows, `auto` 1.27x / 1.31x and 1.00x / 1.05x, medians of 5 interleaved rounds.
     LOOP_TIMED = False
+    # True: the loop's chain lengths priced by forwards timed back to back, as the loop runs
+    # them (`costs.pipelined_verify`, once per engine and power of two of rows), not by the
+    # surface's synchronized ones. Off until measured on a GPU (docs/performance.md).
+    LOOP_PIPELINED = False
 
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
@@ -765,10 +780,15 @@ class Batch:
         `K_MAX` (`draft_length.chain_speedups`), at the rows it runs now."""
         head = self._loop_head
         rows = self._loop_rows()
+        draft, verify = head.step_cost(rows), self.engine.surface.verify_cost(rows)
+        if self.LOOP_PIPELINED:
+            ms = self.engine.pipelined(rows, self.cache.pad)
+            draft *= self.engine.surface(rows, rows) / ms(1)  # (in pipelined plain steps)
+            verify = lambda width: ms(width) / ms(1)  # noqa: E731
         return chain_speedups(
             self.engine.carried(head, loop=True).gains(K_MAX),
-            head.step_cost(rows),
-            self.engine.surface.verify_cost(rows),
+            draft,
+            verify,
             self._loop_timed(rows),
         )
 

@@ -339,6 +339,41 @@ def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(
     assert choose() == k and np.array_equal(batch.loop_speedups(), model)
 
 
+def test_the_loop_prices_chain_lengths_by_pipelined_forwards_where_told(
+    make_tiny, adapter_home, monkeypatch
+):
+    """With `LOOP_PIPELINED`, the loop's chain lengths are priced by forwards timed back to
+    back (`Engine.pipelined`), the head's depths in such steps: where a third token a row
+    costs ten times two, chains of one run, however flat the surface; without it the
+    surface prices them. A batch pricing them so (its forwards timed on this machine) gives
+    plain greedy's output."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    target = make_tiny(3)
+    store_head(target)
+    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
+    batch = eng.new_batch()
+    model = batch.loop_speedups()
+    assert int(np.argmax(model)) >= 2  # (the test's premise: the flat surface's choice)
+    asked = []
+    monkeypatch.setattr(
+        Engine,
+        "pipelined",
+        lambda self, rows, pad=None: asked.append(rows) or (lambda w: 1.0 if w <= 2 else 10.0),
+    )
+    monkeypatch.setattr(Batch, "LOOP_PIPELINED", True)
+    assert int(np.argmax(batch.loop_speedups())) == 1 and asked
+    monkeypatch.setattr(Batch, "LOOP_PIPELINED", False)
+    assert np.array_equal(batch.loop_speedups(), model)
+    monkeypatch.undo()
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setattr(Batch, "LOOP_PIPELINED", True)
+    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
+    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in WORKLOAD[:4]]
+    batch = eng.new_batch()
+    assert [r.tokens for r in _through(batch, reqs)] == _plain(target, reqs)
+    assert eng._pipelined and batch.loop_steps.total() > 0
+
+
 def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
     make_tiny, adapter_home, monkeypatch
 ):
