@@ -164,13 +164,12 @@ def pipelined_verify(
     widths: Sequence[int] = PIPELINED_WIDTHS,
     context: int = CONTEXT,
 ) -> Callable[[int], float]:
-    """Milliseconds of a step at `rows` rows as a function of its tokens per row, each
-    forward timed as a double-buffered loop runs it: `STEPS` queued
-    back to back and only the last waited for (`pipelined_ms`). The surface times one
-    synchronized forward, whose launch and wait hide what more queries cost on a GPU: on an
-    H100 at 64 rows it priced two tokens a row at 1.14x one and four the same, while the
-    resident loop's chains of two took 13.4 ms a step against 9.5 for chains of one. `pad`:
-    the cache's read padding (the CUDA layout's)."""
+    """Milliseconds of a forward of `rows` rows as a function of its tokens per row, timed
+    as a double-buffered loop runs it: `STEPS` queued back to back and only the last waited
+    for (`pipelined_ms`). The surface times one synchronized forward, whose launch and wait
+    hide what more queries cost on a GPU: on an H100 at 64 rows it priced two tokens a row
+    at 1.14x one and four the same, while the resident loop's chains of two took 13.4 ms a
+    step against 9.5 for chains of one. `pad`: the cache's read padding (the CUDA layout's)."""
     vocab = model.model.embed_tokens.weight.shape[0]
     cache = BatchKVCache(len(model.model.layers), rows, pad=pad)
     slots = list(range(rows))

@@ -248,7 +248,7 @@ class Engine:
         self.step_ms: dict[tuple[str, int], dict[int, float]] = {}
         # The resident loop's step times by rows and chain length, kept across batches.
         self.loop_times = LoopTimes()
-        # rows (a power of two) -> ms of a pipelined forward by tokens per row (`loop_costs`)
+        # rows (a power of two) -> ms of a pipelined forward by tokens per row (`pipelined`)
         self._pipelined: dict[int, Callable[[int], float]] = {}
         # Per job: the suffix index of its finished answers (`suffix` drafting).
         self.corpora = Corpora()
@@ -782,8 +782,11 @@ class Batch:
         rows = self._loop_rows()
         draft, verify = head.step_cost(rows), self.engine.surface.verify_cost(rows)
         if self.LOOP_PIPELINED:
-            ms = self.engine.pipelined(rows, self.cache.pad)
-            draft *= self.engine.surface(rows, rows) / ms(1)  # (in pipelined plain steps)
+            # At the power of two of rows its forwards were timed at, in pipelined plain
+            # steps: a depth's ms (its cost in the surface's plain steps, times theirs).
+            b = LoopTimes._bucket(rows)
+            ms = self.engine.pipelined(b, self.cache.pad)
+            draft = head.step_cost(b) * self.engine.surface(b, b) / ms(1)
             verify = lambda width: ms(width) / ms(1)  # noqa: E731
         return chain_speedups(
             self.engine.carried(head, loop=True).gains(K_MAX),
