@@ -133,43 +133,19 @@ def measure_surface(
     """Time forwards of B rows x W tokens after a `context`-token prefix per row (each
     width's best of `repeats` rounds over all widths, `interleaved_ms`; made non-decreasing
     in W and in B)."""
-    vocab = model.model.embed_tokens.weight.shape[0]
-    layers = len(model.model.layers)
     grid = []
     for b in batches:
         progress(f"verify cost at batch {b}")
-        cache = BatchKVCache(layers, b)
-        rows = list(range(b))
-        prefix = np.random.default_rng(0).integers(0, vocab, (b, context)).tolist()
-        mx.eval(forward(model, cache, [Segment(rows, prefix, logits="none")]))
-        cache.lengths[:] = context
-        runs = []
-        for w in widths:
-            toks = np.random.default_rng(w).integers(0, vocab, (b, w)).tolist()
-            seg = [Segment(rows, toks)]
-            runs.append(lambda c=cache, seg=seg: forward(model, c, seg))
-        grid.append(interleaved_ms(runs, repeats))
-        del cache
+        grid.append(interleaved_ms(_forwards(model, b, widths, context), repeats))
     g = np.maximum.accumulate(np.maximum.accumulate(np.asarray(grid), axis=1), axis=0)
     return CostSurface(tuple(batches), tuple(widths), tuple(tuple(map(float, r)) for r in g))
 
 
-PIPELINED_WIDTHS = (1, 2, 3, 4, 6, 8)  # tokens per row timed back to back (`pipelined_verify`)
-
-
-def pipelined_verify(
-    model: nn.Module,
-    rows: int,
-    pad: int | None = None,
-    widths: Sequence[int] = PIPELINED_WIDTHS,
-    context: int = CONTEXT,
-) -> Callable[[int], float]:
-    """Milliseconds of a forward of `rows` rows as a function of its tokens per row, timed
-    as a double-buffered loop runs it: `STEPS` queued back to back and only the last waited
-    for (`pipelined_ms`). The surface times one synchronized forward, whose launch and wait
-    hide what more queries cost on a GPU: on an H100 at 64 rows it priced two tokens a row
-    at 1.14x one and four the same, while the resident loop's chains of two took 13.4 ms a
-    step against 9.5 for chains of one. `pad`: the cache's read padding (the CUDA layout's)."""
+def _forwards(
+    model: nn.Module, rows: int, widths: Sequence[int], context: int, pad: int | None = None
+) -> list[Callable[[], object]]:
+    """A forward of `rows` rows x W tokens for each width, after a `context`-token prefix
+    per row on a scratch cache (random tokens: as good to time); `pad`: the cache's."""
     vocab = model.model.embed_tokens.weight.shape[0]
     cache = BatchKVCache(len(model.model.layers), rows, pad=pad)
     slots = list(range(rows))
@@ -181,30 +157,31 @@ def pipelined_verify(
         toks = np.random.default_rng(w).integers(0, vocab, (rows, w)).tolist()
         seg = [Segment(slots, toks)]
         runs.append(lambda seg=seg: forward(model, cache, seg))
-    ms = np.maximum.accumulate(np.asarray(pipelined_ms(runs)))
+    return runs
+
+
+PIPELINED_WIDTHS = (1, 2, 3, 4, 6, 8)  # tokens per row timed back to back (`pipelined_verify`)
+STEPS = 8  # forwards queued back to back per timing there
+
+
+def pipelined_verify(
+    model: nn.Module,
+    rows: int,
+    pad: int | None = None,
+    widths: Sequence[int] = PIPELINED_WIDTHS,
+    context: int = CONTEXT,
+) -> Callable[[int], float]:
+    """Milliseconds of a forward of `rows` rows as a function of its tokens per row, timed
+    as a double-buffered loop runs it: `STEPS` queued back to back and only the last waited
+    for (`interleaved_ms`'s `steps`). The surface times one synchronized forward, whose
+    launch and wait hide what more queries cost on a GPU: on an H100 at 64 rows it priced
+    two tokens a row at 1.14x one and four the same, while the resident loop's chains of
+    two took 13.4 ms a step against 9.5 for chains of one. `pad`: the cache's read padding
+    (the CUDA layout's)."""
+    runs = _forwards(model, rows, widths, context, pad)
+    ms = np.maximum.accumulate(np.asarray(interleaved_ms(runs, steps=STEPS)))
     ws = np.asarray(widths, float)
     return lambda width: float(_interp_linear(ws, ms, np.asarray([width], float))[0])
-
-
-STEPS = 8  # forwards queued back to back per timing (`pipelined_ms`)
-
-
-def pipelined_ms(runs: Sequence[Callable[[], object]], repeats: int = 2) -> list[float]:
-    """Milliseconds a step of each run takes when `STEPS` of them are queued back to back
-    and only the last is waited for, in `repeats` interleaved rounds (best of each, after
-    one warm-up each), as `interleaved_ms` times one."""
-    for run in runs:
-        mx.eval(run())
-    best = [float("inf")] * len(runs)
-    for _ in range(repeats):
-        for i, run in enumerate(runs):
-            t0 = time.perf_counter()
-            for _ in range(STEPS):
-                out = run()
-                mx.async_eval(out)
-            mx.eval(out)
-            best[i] = min(best[i], (time.perf_counter() - t0) / STEPS)
-    return [1000 * b for b in best]
 
 
 def best_ms(run: Callable[[], object], repeats: int = 2) -> float:
@@ -214,20 +191,26 @@ def best_ms(run: Callable[[], object], repeats: int = 2) -> float:
     return interleaved_ms([run], repeats)[0]
 
 
-def interleaved_ms(runs: Sequence[Callable[[], object]], repeats: int = 2) -> list[float]:
+def interleaved_ms(
+    runs: Sequence[Callable[[], object]], repeats: int = 2, steps: int = 1
+) -> list[float]:
     """`best_ms` of each run, timed in `repeats` rounds that run each once in turn (after
     one warm-up each): a burst of other load on a shared machine then slows one round of
     several runs, not every timing of one (this CPU once kept 489 ms for 64 rows of 2
     tokens, between 255 for 1 and 735 for 4, where other days gave 1.4-1.6x one token's
-    cost: a second token priced at 0.9 of a plain one, rows declined nearly every draft)."""
+    cost: a second token priced at 0.9 of a plain one, rows declined nearly every draft).
+    `steps` > 1: each timing queues that many calls back to back and waits for the last
+    only, as a double-buffered loop runs them, and gives a call's share."""
     for run in runs:
         mx.eval(run())
     best = [float("inf")] * len(runs)
     for _ in range(repeats):
         for i, run in enumerate(runs):
             t0 = time.perf_counter()
+            for _ in range(steps - 1):
+                mx.async_eval(run())
             mx.eval(run())
-            best[i] = min(best[i], time.perf_counter() - t0)
+            best[i] = min(best[i], (time.perf_counter() - t0) / steps)
     return [1000 * b for b in best]
 
 

@@ -15,7 +15,6 @@ from core.engine.costs import (
     load_or_measure,
     machine_key,
     measure_surface,
-    pipelined_ms,
     pipelined_verify,
 )
 
@@ -59,7 +58,7 @@ def test_pipelined_forwards_are_timed_a_step_each_of_several_queued(make_tiny):
         time.sleep(0.01)
         return mx.zeros(1)
 
-    ms = pipelined_ms([run, run], repeats=2)
+    ms = interleaved_ms([run, run], repeats=2, steps=costs.STEPS)
     assert len(calls) == 2 * (1 + 2 * costs.STEPS)
     assert all(10 <= m < 10 * costs.STEPS for m in ms)
     cost = pipelined_verify(make_tiny(0).model, 4, context=8)
