@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from api.options import model_option
+
 ROWS = ("mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec")
 
 
@@ -25,7 +27,7 @@ def _sizes(value: str | None, param: str) -> list[int] | None:
 
 
 @click.command()
-@click.option("--model", default="smollm2-135m", envvar="APPLESPEC_MODEL", show_default=True)
+@model_option
 @click.option(
     "--input",
     "input_path",

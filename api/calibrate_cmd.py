@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from api.run_cmd import model_option
+from api.options import model_option
 
 ADAPTER_TOKENS = 60_000  # training positions for an early-exit adapter
 HEAD_PASSES = (

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import click
 
+from api.options import model_option
+
 
 @click.command("costs")
-@click.option("--model", default="smollm2-135m", envvar="APPLESPEC_MODEL", show_default=True)
+@model_option
 @click.option(
     "--measure",
     is_flag=True,

@@ -10,7 +10,7 @@ from core.settings import Settings
 
 
 def _sessions():
-    from api.run_cmd import open_store
+    from api.openers import open_store
 
     return open_store(Settings.from_env())
 

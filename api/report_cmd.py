@@ -207,7 +207,7 @@ def report_cmd(job_id: str, output: str) -> None:
     Example:
         applespec report batch_0123abcd -o report.html
     """
-    from api.run_cmd import open_output, open_store
+    from api.openers import open_output, open_store
     from core.store import job_series, repo
 
     with open_store(Settings.from_env(), readonly=True)() as s:

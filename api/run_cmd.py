@@ -1,7 +1,4 @@
-"""`applespec run`: a job file through the engine in this process (no Redis), into the store.
-
-The options and store helpers here are shared with the service commands (`submit`).
-"""
+"""`applespec run`: a job file through the engine in this process (no Redis), into the store."""
 
 from __future__ import annotations
 
@@ -9,75 +6,14 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import click
 
-from core.jobs import JobTooLarge, iter_job_file, output_line, validate_for
+from api.openers import open_output, open_store, read_job_file
+from api.options import batch_option, generation_options, model_option, overrides
+from core.jobs import output_line, validate_for
 from core.settings import Settings
-
-
-def model_option(f: Callable) -> Callable:
-    return click.option(
-        "--model",
-        envvar="APPLESPEC_MODEL",
-        default="smollm2-135m",
-        show_default=True,
-        help="Model spec: alias, .gguf path, mlx-lm directory or hub id.",
-    )(f)
-
-
-def _check_draft(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    from core.engine import parse_draft_spec
-
-    try:
-        parse_draft_spec(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from e
-    return value
-
-
-def generation_options(f: Callable) -> Callable:
-    """--draft, --k, --max-tokens, --temperature, --top-p, --seed; they override job lines."""
-    options = [
-        click.option(
-            "--draft",
-            default="auto",
-            show_default=True,
-            callback=_check_draft,
-            help="Drafter: none, ngram, early-exit:L, adapter[:L], draft-model:NAME, tree or auto.",
-        ),
-        click.option("--k", type=click.IntRange(min=1), help="Draft length (default: adaptive)."),
-        click.option("--max-tokens", type=click.IntRange(min=1), help="Override max_tokens."),
-        click.option("--temperature", type=click.FloatRange(min=0), help="Override temperature."),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), help="Override top_p."),
-        click.option("--seed", type=int, help="Override seed."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def overrides(**params: Any) -> dict[str, Any]:
-    """The generation parameters given on the command line (None = not given)."""
-    keys = ("max_tokens", "temperature", "top_p", "seed")
-    return {k: params[k] for k in keys if params.get(k) is not None}
-
-
-def open_store(settings: Settings, readonly: bool = False):
-    """A sessionmaker for the configured database, migrated to the latest revision."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from api.client import open_sessions
-    from core.store.database import StoreGone
-
-    try:
-        return open_sessions(settings.database_url, readonly=readonly)
-    except (SQLAlchemyError, StoreGone) as e:
-        raise click.ClickException(
-            settings.redact(f"cannot open the database: {e.__class__.__name__}: {e}")
-        ) from e
 
 
 def load_engine(model: str, draft: str, k: int | None, learn: float = 0.0):
@@ -91,37 +27,9 @@ def load_engine(model: str, draft: str, k: int | None, learn: float = 0.0):
         raise click.ClickException(str(e)) from e
 
 
-def read_job_file(path: str, settings: Settings):
-    """The file's lines, streamed (core.jobs.iter_job_file); its size is checked now."""
-    try:
-        return iter_job_file(path, settings.job_limits())
-    except JobTooLarge as e:
-        raise click.ClickException(str(e)) from e
-    except OSError as e:
-        raise click.ClickException(f"cannot read {path}: {e.strerror or e}") from e
-
-
-def open_output(path: str):
-    """Open an output file for writing; a path that cannot be written is a one-line error."""
-    try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as e:
-        raise click.ClickException(f"cannot write {path}: {e.strerror}") from e
-
-
 def _answer(body: dict[str, Any]) -> str:
     choice = body["choices"][0]
     return choice["message"]["content"] if "message" in choice else choice.get("text", "")
-
-
-def batch_option(f: Callable) -> Callable:
-    return click.option(
-        "--batch-size",
-        type=click.IntRange(min=1),
-        envvar="APPLESPEC_BATCH_SIZE",
-        help="Rows generated together (default: chosen from this machine's measured "
-        "verify-cost surface, kept under APPLESPEC_HOME).",
-    )(f)
 
 
 def _write(f, line: dict[str, Any]) -> None:

@@ -50,7 +50,7 @@ def serve_cmd(host: str, port: int, log_level: str) -> None:
     import uvicorn
 
     from api.http.app import create_app, is_loopback
-    from api.run_cmd import open_store
+    from api.openers import open_store
     from core.store import keys
 
     settings = Settings.from_env()

@@ -10,15 +10,8 @@ from typing import Any
 
 import click
 
-from api.run_cmd import (
-    batch_option,
-    generation_options,
-    model_option,
-    open_output,
-    open_store,
-    overrides,
-    read_job_file,
-)
+from api.openers import open_output, open_store, read_job_file
+from api.options import batch_option, generation_options, model_option, overrides
 from core.settings import Settings
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+DEFAULT_MODEL = "smollm2-135m"  # the model a command, worker or job runs when none is named
+
 MASK = "***"
 
 
@@ -120,7 +122,7 @@ class Settings:
 
     database_url: str
     broker_url: str = "redis://127.0.0.1:6379/0"
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     max_attempts: int = 3
     visibility_timeout: int = 3600
     chunk_size: int = 8

@@ -254,7 +254,7 @@ class Engine:
         self.corpora = Corpora()
 
     @classmethod
-    def load(cls, model: str = "smollm2-135m", draft: str = "auto", **kw) -> Engine:
+    def load(cls, model: str, draft: str = "auto", **kw) -> Engine:
         registry.parse(draft)  # fail on a bad spec before loading anything
         return cls(load_model(model), draft=draft, **kw)
 

@@ -21,8 +21,6 @@ from pathlib import Path
 
 from .model import ModelError
 
-DEFAULT_MODEL = "smollm2-135m"
-
 
 @dataclass(frozen=True)
 class ModelEntry:
