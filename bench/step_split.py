@@ -21,7 +21,9 @@ resident loop's chain lengths by its own steps timed by chain length once two ar
 exploring an untimed neighbour of the best (`Batch.LOOP_TIMED`, off by default; the timed ms
 a step by chain length are printed either way); `"pipelined": true` prices them by forwards
 timed back to back, as the loop runs them, instead of the surface's synchronized ones
-(`Batch.LOOP_PIPELINED`, off by default).
+(`Batch.LOOP_PIPELINED`, off by default); `"joins_draft": true` has a step of the loop's
+kind where rows are joining draft with the head host-synced, as before 12/07
+(`Batch.LOOP_JOINS_DRAFT`).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn and
 untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
@@ -146,6 +148,7 @@ def _same(target, reqs, want, got) -> str:
 
 def _engine_kw(kw: dict) -> dict:
     kept = ("head_cost", "decay", "prefill_only", "entries", "split", "timed", "pipelined")
+    kept += ("joins_draft",)
     return {k: v for k, v in kw.items() if k not in kept}
 
 
@@ -165,6 +168,8 @@ def _run(eng, kw: dict, reqs):
     timed, pipelined = generate.Batch.LOOP_TIMED, generate.Batch.LOOP_PIPELINED
     generate.Batch.LOOP_TIMED = kw.get("timed", timed)
     generate.Batch.LOOP_PIPELINED = kw.get("pipelined", pipelined)
+    joins = generate.Batch.LOOP_JOINS_DRAFT
+    generate.Batch.LOOP_JOINS_DRAFT = kw.get("joins_draft", joins)
     split = scorer.SPLIT_QUERIES
     scorer.SPLIT_QUERIES = kw.get("split", split)
     try:
@@ -183,6 +188,7 @@ def _run(eng, kw: dict, reqs):
         LOOP[id(eng)] = None if last is None else last.loop_speedups()  # as this run priced
         TIMED[id(eng)] = None if last is None else eng.loop_times.measured(last._loop_rows())
         generate.Batch.LOOP_TIMED, generate.Batch.LOOP_PIPELINED = timed, pipelined
+        generate.Batch.LOOP_JOINS_DRAFT = joins
 
 
 CHAINS: dict[int, collections.Counter] = {}

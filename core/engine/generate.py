@@ -362,6 +362,9 @@ class Batch:
     # them (`costs.pipelined_verify`, once per engine and power of two of rows), not by the
     # surface's synchronized ones. Off until measured on a GPU (docs/performance.md).
     LOOP_PIPELINED = False
+    # True: a step of the loop's kind where rows are joining drafts with the head, host-synced
+    # (as before 12/07); off, it verifies one token a row (`_host_drafters`).
+    LOOP_JOINS_DRAFT = False
 
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
@@ -697,8 +700,14 @@ class Batch:
           cannot run (rows joining, a row asking for log-probabilities). A host-synced
           step whose rows choose the head waits for its sequential depths: on an H100,
           labeling-256 at 64 rows, 32 ms a host-synced step of `auto` with a head, 18 ms
-          of `suffix` alone, where plain steps took 10-12."""
-        if self.modes is None:
+          of `suffix` alone, where plain steps took 10-12.
+        - the loop's kind (also the head's alone, without step modes) in a step where the
+          loop cannot run only because rows are joining (admitted, prefilling): none, unless
+          `LOOP_JOINS_DRAFT`. Such a step carries the joining rows' prompts, and its
+          decoding rows' drafts would wait for the head's sequential depths: on an H100,
+          196 open items at 64 rows, those steps took 27 ms drafting chains of two (16 ms of
+          one) against a plain step's 8 ms, for 1.8 (1.6) tokens a row."""
+        if self.modes is None and self._mode != "loop":
             return self.drafters
         if self._mode == "plain":
             return []
@@ -706,7 +715,10 @@ class Batch:
         if head is None:
             return self.drafters
         if self._mode == "loop":
-            return [head]
+            joining = not any(
+                s is not None and (s.params.adjusts or s.params.logprobs) for s in self.rows
+            )
+            return [] if joining and not self.LOOP_JOINS_DRAFT else [head]
         return [d for d in self.drafters if d is not head]
 
     def _resident_ok(self) -> bool:

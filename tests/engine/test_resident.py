@@ -250,6 +250,50 @@ def test_rows_asking_for_logprobs_and_other_drafters_do_not_run_the_loop(
     assert seen["steps"] == 0
 
 
+@pytest.mark.parametrize("joins_draft", [False, True])
+def test_a_step_where_rows_join_drafts_nothing_in_the_loops_kind_unless_told(
+    make_tiny, adapter_home, monkeypatch, joins_draft
+):
+    """Seven requests through three rows with the head's loop: a step the loop cannot run
+    because rows are joining verifies one token a row (its drafts would wait for the head's
+    sequential depths, host-synced); with `LOOP_JOINS_DRAFT` the head drafts there, as
+    before. A row asking for log-probabilities keeps the head drafting host-synced either
+    way (the loop cannot run while it lives). Output is plain greedy's."""
+    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
+    monkeypatch.setattr(Batch, "LOOP_JOINS_DRAFT", joins_draft)
+    target = make_tiny(3)
+    store_head(target)
+    drafted = []  # per host-synced step with rows decoding: whether the head drafted
+    draft = Batch._draft
+
+    def recorded(self, decode):
+        plan = draft(self, decode)
+        asks = any(s.params.logprobs for s in decode)
+        drafted.append((asks, any(sum(d.sizes) for d in plan.drafts.values())))
+        return plan
+
+    monkeypatch.setattr(Batch, "_draft", recorded)
+    reqs = [
+        (target.encode_prompt(p), GenerationParams(max_tokens=9 + 5 * i))
+        for i, p in enumerate(WORKLOAD[:7])
+    ]
+    eng = _priced(
+        Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, k=1), 0.02
+    )
+    batch = eng.new_batch()
+    out = _through(batch, reqs)
+    assert [r.tokens for r in out] == _plain(target, reqs)
+    assert sum(batch.loop_steps.values()) > 10
+    joins = [d for asks, d in drafted if not asks]
+    assert len(joins) >= 3  # rows joined while others decoded
+    assert any(joins) if joins_draft else not any(joins)
+    drafted.clear()
+    asked = [(reqs[0][0], GenerationParams(max_tokens=12, logprobs=True)), *reqs[1:3]]
+    out = _through(eng.new_batch(), asked)
+    assert [r.tokens for r in out] == _plain(target, asked)
+    assert any(d for asks, d in drafted if asks)
+
+
 def test_the_loop_is_on_by_default_on_a_gpu_and_runs_without_step_modes(
     make_tiny, adapter_home, monkeypatch
 ):
