@@ -25,10 +25,10 @@ timed back to back, as the loop runs them, instead of the surface's synchronized
 kind where rows are joining draft with the head host-synced, as before 12/07
 (`Batch.LOOP_JOINS_DRAFT`).
 
-With `R` (environment) rounds, every configuration then runs once per round, in turn and
-untimed inside: a GPU host's step time drifts by up to 2x within one process (plain steps
-at 6 ms and at 11 ms a launch), so only configurations run side by side in each round
-compare. Printed: each round's tokens/s and its ratio to the first configuration, the
+With `R` (environment) rounds, every configuration then runs once per round, in turn (each
+round starting one configuration further on) and untimed inside: a GPU host's step time
+drifts by up to 2x within one process (plain steps at 6 ms and at 11 ms a launch), so only
+configurations run side by side in each round compare. Printed: each round's tokens/s and its ratio to the first configuration, the
 median ratio, and each configuration's tokens per drafting step.
 """
 
@@ -229,8 +229,13 @@ def rounds(configs, engines, reqs, n: int) -> None:
         return
     rates = [[] for _ in configs]
     for r in range(n):
-        line = []
-        for j, eng in enumerate(engines):
+        # Each round starts one configuration further on: a configuration run first meets
+        # the shapes its round's drafting makes first (kernels and attention graphs built,
+        # tens of ms each on a GPU), and on an H100 `auto` run right after none was 1.47x
+        # none in all of three rounds where the same code run third was 1.74-2.01x.
+        order = [(r + i) % len(engines) for i in range(len(engines))]
+        for j in order:
+            eng = engines[j]
             t0 = time.perf_counter()
             out = _run(eng, configs[j][1], reqs)
             wall = time.perf_counter() - t0
@@ -254,7 +259,7 @@ def rounds(configs, engines, reqs, n: int) -> None:
                     f"of {drafted} drafted tokens accepted (by drafter, row steps/drafted/"
                     f"accepted: {per}){_chains(eng)}"
                 )
-            line.append(f"{rates[j][-1]:7.0f} ({rates[j][-1] / rates[0][-1]:.2f}x)")
+        line = [f"{x[-1]:7.0f} ({x[-1] / rates[0][-1]:.2f}x)" for x in rates]
         print(f"round {r + 1}: " + "  ".join(line))
     for j, (spec, kw, *per) in enumerate(configs):
         ratios = sorted(a / b for a, b in zip(rates[j], rates[0], strict=True))
