@@ -309,13 +309,13 @@ pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.t
   fi
   grep -v "first steps\|trial ->" "$OUT"/h200-pooled-*.txt | cut -c1-400
   ;;
-long)  # ADAPTER=a stored head's file -> h200-long-b64.txt, h200-long-b1.txt: none, `auto` and `head` with their chain lengths priced by the cost model and by pipelined forwards (`"pipelined": true`), `head` at chains of one, `auto` and `head` with rows joining drafted by the head host-synced (`"joins_draft": true`, as before 12/07) on a job long enough for the step modes' trials to amortize as in a real job: the 49 held-out open prompts four times over (196 items) at 64 rows, R interleaved rounds (5 unless set), then 24 held-out prompts of up to 128 tokens at batch 1 (R1 rounds, 3 unless set); B64_S and B1_S cap each part's seconds (0 leaves it out; on a fresh H100 host the 196 items' first pass JIT-compiles for ~170 s)
+long)  # ADAPTER=a stored head's file -> h200-long-b64.txt, h200-long-b1.txt: none, `auto` and `head` with their chain lengths priced by the cost model and by pipelined forwards (`"pipelined": true`), `head` at chains of one, `auto` and `head` with the steps where rows join verifying one token a row (`"joins_draft": false`) on a job long enough for the step modes' trials to amortize as in a real job: the 49 held-out open prompts four times over (196 items) at 64 rows, R interleaved rounds (5 unless set), then 24 held-out prompts of up to 128 tokens at batch 1 (R1 rounds, 3 unless set); B64_S and B1_S cap each part's seconds (0 leaves it out; on a fresh H100 host the 196 items' first pass JIT-compiles for ~170 s)
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   held4
   [ "${B64_S:-480}" = 0 ] || N=196 R=${R:-5} timeout ${B64_S:-480} python3 bench/step_split.py "$HOME/held4.jsonl" \
-    '["none", {}]' '["auto", {}]' '["auto", {"pipelined": true}]' '["auto", {"joins_draft": true}]' '["head", {}]' '["head", {"joins_draft": true}]' \
+    '["none", {}]' '["auto", {}]' '["auto", {"pipelined": true}]' '["auto", {"joins_draft": false}]' '["head", {}]' '["head", {"joins_draft": false}]' \
     '["head", {"k": 1}]' '["head", {"pipelined": true}]' \
     > "$OUT/h200-long-b64.txt" 2>&1 || true
   [ "${B1_S:-240}" = 0 ] || N=24 M=128 R=${R1:-3} timeout ${B1_S:-240} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \

@@ -21,9 +21,9 @@ resident loop's chain lengths by its own steps timed by chain length once two ar
 exploring an untimed neighbour of the best (`Batch.LOOP_TIMED`, off by default; the timed ms
 a step by chain length are printed either way); `"pipelined": true` prices them by forwards
 timed back to back, as the loop runs them, instead of the surface's synchronized ones
-(`Batch.LOOP_PIPELINED`, off by default); `"joins_draft": true` has a step of the loop's
-kind where rows are joining draft with the head host-synced, as before 12/07
-(`Batch.LOOP_JOINS_DRAFT`).
+(`Batch.LOOP_PIPELINED`, off by default); `"joins_draft": false` has a step of the loop's
+kind where rows are joining verify one token a row instead of drafting with the head
+host-synced (`Batch.LOOP_JOINS_DRAFT`, on by default).
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn (each
 round starting one configuration further on) and untimed inside: a GPU host's step time

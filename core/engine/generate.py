@@ -362,9 +362,12 @@ class Batch:
     # them (`costs.pipelined_verify`, once per engine and power of two of rows), not by the
     # surface's synchronized ones. Off until measured on a GPU (docs/performance.md).
     LOOP_PIPELINED = False
-    # True: a step of the loop's kind where rows are joining drafts with the head, host-synced
-    # (as before 12/07); off, it verifies one token a row (`_host_drafters`).
-    LOOP_JOINS_DRAFT = False
+    # True: a step of the loop's kind where rows are joining drafts with the head, host-synced;
+    # off, it verifies one token a row (`_host_drafters`). On: on an H100 (2026-12-07, 196
+    # open items at 64 rows, 5 rotated rounds) `head` ran 1.34x none with it and 1.31x
+    # without, `auto` 1.59x and 1.58x: the drafting join steps cost 14.7 ms against 12.1 and
+    # their drafts gave the rows decoding 0.8 tokens more.
+    LOOP_JOINS_DRAFT = True
 
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
@@ -702,11 +705,8 @@ class Batch:
           labeling-256 at 64 rows, 32 ms a host-synced step of `auto` with a head, 18 ms
           of `suffix` alone, where plain steps took 10-12.
         - the loop's kind (also the head's alone, without step modes) in a step where the
-          loop cannot run only because rows are joining (admitted, prefilling): none, unless
-          `LOOP_JOINS_DRAFT`. Such a step carries the joining rows' prompts, and its
-          decoding rows' drafts would wait for the head's sequential depths: on an H100,
-          196 open items at 64 rows, those steps took 27 ms drafting chains of two (16 ms of
-          one) against a plain step's 8 ms, for 1.8 (1.6) tokens a row."""
+          loop cannot run only because rows are joining (admitted, prefilling): the head,
+          unless `LOOP_JOINS_DRAFT` is off (then none: one token a row)."""
         if self.modes is None and self._mode != "loop":
             return self.drafters
         if self._mode == "plain":

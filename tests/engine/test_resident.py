@@ -251,14 +251,14 @@ def test_rows_asking_for_logprobs_and_other_drafters_do_not_run_the_loop(
 
 
 @pytest.mark.parametrize("joins_draft", [False, True])
-def test_a_step_where_rows_join_drafts_nothing_in_the_loops_kind_unless_told(
+def test_a_step_where_rows_join_drafts_with_the_head_unless_told_not_to(
     make_tiny, adapter_home, monkeypatch, joins_draft
 ):
     """Seven requests through three rows with the head's loop: a step the loop cannot run
-    because rows are joining verifies one token a row (its drafts would wait for the head's
-    sequential depths, host-synced); with `LOOP_JOINS_DRAFT` the head drafts there, as
-    before. A row asking for log-probabilities keeps the head drafting host-synced either
-    way (the loop cannot run while it lives). Output is plain greedy's."""
+    because rows are joining drafts with the head, host-synced (`LOOP_JOINS_DRAFT`, the
+    default); with it off, such a step verifies one token a row. A row asking for
+    log-probabilities keeps the head drafting host-synced either way (the loop cannot run
+    while it lives). Output is plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     monkeypatch.setattr(Batch, "LOOP_JOINS_DRAFT", joins_draft)
     target = make_tiny(3)
