@@ -360,7 +360,9 @@ class Batch:
     LOOP_TIMED = False
     # True: the loop's chain lengths priced by forwards timed back to back, as the loop runs
     # them (`costs.pipelined_verify`, once per engine and power of two of rows), not by the
-    # surface's synchronized ones. Off until measured on a GPU (docs/performance.md).
+    # surface's synchronized ones. Off: on an H100 (2026-12-07, 196 open items at 64 rows) it
+    # chose chains of one, which ran within the rounds' spread of the model's chains of two
+    # (`head` 1.44x none against 1.42x, medians of 3; docs/performance.md).
     LOOP_PIPELINED = False
     # True: a step of the loop's kind where rows are joining drafts with the head, host-synced;
     # off, it verifies one token a row (`_host_drafters`). On: on an H100 (2026-12-07, 196
