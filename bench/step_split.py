@@ -28,8 +28,9 @@ host-synced (`Batch.LOOP_JOINS_DRAFT`, on by default).
 With `R` (environment) rounds, every configuration then runs once per round, in turn (each
 round starting one configuration further on) and untimed inside: a GPU host's step time
 drifts by up to 2x within one process (plain steps at 6 ms and at 11 ms a launch), so only
-configurations run side by side in each round compare. Printed: each round's tokens/s and its ratio to the first configuration, the
-median ratio, and each configuration's tokens per drafting step.
+configurations run side by side in each round compare. Printed: each round's tokens/s and
+its ratio to the first configuration, the median ratio, and each configuration's tokens per
+drafting step.
 """
 
 import collections
@@ -147,8 +148,10 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    kept = ("head_cost", "decay", "prefill_only", "entries", "split", "timed", "pipelined")
-    kept += ("joins_draft",)
+    kept = (
+        "head_cost", "decay", "prefill_only", "entries", "split", "timed", "pipelined",
+        "joins_draft",
+    )  # fmt: skip
     return {k: v for k, v in kw.items() if k not in kept}
 
 
@@ -229,10 +232,10 @@ def rounds(configs, engines, reqs, n: int) -> None:
         return
     rates = [[] for _ in configs]
     for r in range(n):
-        # Each round starts one configuration further on: a configuration run first meets
-        # the shapes its round's drafting makes first (kernels and attention graphs built,
-        # tens of ms each on a GPU), and on an H100 `auto` run right after none was 1.47x
-        # none in all of three rounds where the same code run third was 1.74-2.01x.
+        # Each round starts one configuration further on: on an H100 `auto` run right after
+        # none was 1.47x none in all of three rounds where the same code run third was
+        # 1.74-2.01x (the first of a round likely meets its new shapes first: kernels and
+        # attention graphs built, tens of ms each on a GPU).
         order = [(r + i) % len(engines) for i in range(len(engines))]
         for j in order:
             eng = engines[j]
