@@ -613,7 +613,7 @@ class Batch:
         """Rows whose next token needs the host first (penalties count the last token) or
         whose log-probabilities are read: plain decoding then syncs every step."""
         live = [r for r in self.rows if r is not None] + list(self.queue)
-        return any(r.params.adjusts or r.params.logprobs for r in live)
+        return any(r.params.needs_host for r in live)
 
     def _step_plain(self) -> list[GenerationResult]:
         """Plain decoding, double-buffered like mlx-lm: this step is queued on the device
@@ -717,9 +717,7 @@ class Batch:
         if head is None:
             return self.drafters
         if self._mode == "loop":
-            joining = not any(
-                s is not None and (s.params.adjusts or s.params.logprobs) for s in self.rows
-            )
+            joining = not any(s is not None and s.params.needs_host for s in self.rows)
             return [] if joining and not self.LOOP_JOINS_DRAFT else [head]
         return [d for d in self.drafters if d is not head]
 
@@ -730,7 +728,7 @@ class Batch:
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
             return False
-        return all(s.decoding and not s.params.adjusts and not s.params.logprobs for s in rows)
+        return all(s.decoding and not s.params.needs_host for s in rows)
 
     def _loop_k(self) -> int:
         """The resident loop's chain length: the engine's `k` where set, else the one whose

@@ -60,6 +60,12 @@ class GenerationParams:
         """Whether the logits are adjusted before choosing (bias or penalties)."""
         return bool(self.logit_bias) or bool(self.frequency_penalty or self.presence_penalty)
 
+    @property
+    def needs_host(self) -> bool:
+        """Whether a row's next token needs the host first: its logits adjusted (penalties
+        count the tokens so far) or its log-probabilities read."""
+        return self.adjusts or self.logprobs
+
     def adjustments(self, generated: Counter) -> dict[int, float]:
         """Token -> what is added to its logit after `generated` (token counts)."""
         out = {int(t): float(b) for t, b in self.logit_bias.items()}
