@@ -23,7 +23,9 @@ a step by chain length are printed either way); `"pipelined": true` prices them 
 timed back to back, as the loop runs them, instead of the surface's synchronized ones
 (`Batch.LOOP_PIPELINED`, off by default); `"joins_draft": false` has a step of the loop's
 kind where rows are joining verify one token a row instead of drafting with the head
-host-synced (`Batch.LOOP_JOINS_DRAFT`, on by default).
+host-synced (`Batch.LOOP_JOINS_DRAFT`, on by default); `"oracle": true` replaces the
+configuration's drafters with one that drafts the first configuration's output
+(`bench/oracle.py`): with none first, the ceiling of drafting at this batch size.
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn (each
 round starting one configuration further on) and untimed inside: a GPU host's step time
@@ -41,6 +43,7 @@ import time
 import traceback
 
 import mlx.core as mx
+import oracle
 
 from core.engine import Engine, GenerationParams, generate, load_model, scorer
 from core.engine.benchmark import load_job
@@ -69,6 +72,10 @@ def main() -> None:
     first_out = None
     for spec, kw in configs:
         eng = Engine(target, draft=spec, **{"batch_size": 64, **_engine_kw(kw)})
+        if kw.get("oracle"):
+            if first_out is None:
+                sys.exit("an oracle configuration drafts the first one's output: put one before it")
+            oracle.install(eng, reqs, first_out)
         engines.append(eng)
         t0 = time.perf_counter()
         out = _run(eng, kw, reqs)
@@ -150,7 +157,7 @@ def _same(target, reqs, want, got) -> str:
 def _engine_kw(kw: dict) -> dict:
     kept = (
         "head_cost", "decay", "prefill_only", "entries", "split", "timed", "pipelined",
-        "joins_draft",
+        "joins_draft", "oracle",
     )  # fmt: skip
     return {k: v for k, v in kw.items() if k not in kept}
 
