@@ -12,17 +12,15 @@ from __future__ import annotations
 import dataclasses
 
 from core.engine.drafters.base import Draft
+from core.engine.drafters.ngram import NgramDrafter
 
 
-class OracleDrafter:
+class OracleDrafter(NgramDrafter):
     """Drafts `reference[prompt][len(output):]` while a row's output is the reference's
-    prefix, nothing once it departs (a batch's rounding may take a near-tie the other way)."""
+    prefix, nothing once it departs (a batch's rounding may take a near-tie the other way).
+    A lookup as prompt lookup is, with its kind's prior until the policy has measured it."""
 
     name = "oracle"
-    kind = "ngram"  # the policy's prior for lookups until it has measured this one
-    lookup = True
-    calibrated = False
-    prior = None
 
     def __init__(self, reference: dict[tuple[int, ...], list[int]]):
         self.reference = reference
@@ -36,18 +34,6 @@ class OracleDrafter:
             ref, n = s.state[self.name], len(s.output)
             toks.append(ref[n : n + k] if ref[:n] == s.output else [])
         return Draft(sizes=[len(t) for t in toks], tokens=toks, source=self.name)
-
-    def commit(self, seqs, draft: Draft, paths) -> None:
-        pass
-
-    def retire(self, seq) -> None:
-        seq.state.pop(self.name, None)
-
-    def step_cost(self, rows: int) -> float:
-        return 0.0
-
-    def evidence(self) -> int:
-        return 0
 
 
 def install(engine, reqs, outputs) -> None:
