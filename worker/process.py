@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.draft_policy import DraftNotAllowed
+from core.engine.memory import RequestTooLarge
 from core.engine.model import ModelError
 from core.jobs import JobRequest, completion_body
 from core.store import repo
@@ -121,6 +122,8 @@ def error_of(started: Started, e: BaseException) -> dict[str, str]:
         if isinstance(e, ModelError)
         else "invalid_drafter"
         if isinstance(e, DraftNotAllowed)
+        else "request_too_large"
+        if isinstance(e, RequestTooLarge)
         else "engine_error"
     )
     return {"code": code, "message": f"line {started.line}: {type(e).__name__}: {e}"}

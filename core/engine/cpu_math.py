@@ -84,13 +84,35 @@ def applies(x: mx.array) -> bool:
     return x.dtype == mx.float32 and mx.default_device() == mx.cpu
 
 
+SCORE_BYTES = 8 * 2**20  # the scores of one block of queries, at most (a long prompt chunk's)
+
+
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, keep: mx.array) -> mx.array:
     """Grouped-query attention, as `mx.fast.scaled_dot_product_attention` with a mask.
 
     q: (R, H, W, D) queries; k, v: (R, KV, S, D) with H a multiple of KV (query head h
     reads key head h // (H / KV), as mlx-lm's models do); keep: (R, 1, W, S) float32, 1.0
     where a query sees a key, 0.0 where it does not (`keep_mask`). Returns (R, H, W, D).
+
+    Queries run in blocks whose scores (R, H, block, S) stay under `SCORE_BYTES`: a long
+    prompt chunk over a long context never holds its whole (W x S x H) score tensor, nor
+    the softmax's temporaries of it. Each query's row of scores is computed whole, so the
+    blocks give the same result as one pass.
     """
+    R, H, W, D = q.shape
+    block = max(1, SCORE_BYTES // (4 * R * H * k.shape[2]))
+    if W <= block:
+        return _attention(q, k, v, scale, keep)
+    outs = []
+    for i in range(0, W, block):
+        outs.append(_attention(q[:, :, i : i + block], k, v, scale, keep[:, :, i : i + block]))
+        # Computed block by block: queued lazily, every block's scores would be alive at
+        # once. (The CPU backend computes a graph as it is evaluated: no overlap is lost.)
+        mx.eval(outs[-1])
+    return mx.concatenate(outs, axis=2)
+
+
+def _attention(q: mx.array, k: mx.array, v: mx.array, scale: float, keep: mx.array) -> mx.array:
     R, H, W, D = q.shape
     kv = k.shape[1]
     g = H // kv

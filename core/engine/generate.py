@@ -34,7 +34,7 @@ from mlx_lm.generate import generation_stream
 
 from . import drafters as registry
 from .acceptance import walk
-from .cache import BatchKVCache
+from .cache import LANE_FROM, BatchKVCache
 from .costs import CostSurface, load_kept, load_or_measure, pipelined_verify
 from .draft_length import (
     GATE_COST,
@@ -56,6 +56,13 @@ from .drafters.base import Draft, Drafter
 from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.suffix import Corpora
 from .loading import load_model
+from .memory import (
+    RequestTooLarge,
+    bytes_per_position,
+    kv_budget,
+    kv_bytes,
+    row_positions,
+)
 from .metrics import RequestMetrics
 from .model import LoadedModel
 from .resident import Launched, ResidentLoop
@@ -129,8 +136,12 @@ class Engine:
         draft_cost: one draft-model step in units of one plain target step at the same
             batch size; None = from both models' measured surfaces.
         batch_size: rows per batch; None = chosen from the surface.
-        max_kv_bytes: KV cache budget of a batch (None = no cap beyond memory).
+        max_kv_bytes: KV cache budget of a batch; None = `memory.kv_budget()`, a share of
+            the device's memory left beside the weights. A request that cannot fit alone
+            fails at `submit`; others wait for room.
         prefill_tokens: prompt tokens prefilled per step while other rows decode.
+        lane_from: cached positions beyond which a row's keys and values move out of the
+            batch's dense block to a lane of their own (cache.py).
         profile: evaluate at phase boundaries so draft/verify/accept/cache times are exact
             (a few extra syncs per step); off, the device time shows up in accept_s.
         overlap: finish the previous step's rows while the device runs the current forward.
@@ -180,6 +191,7 @@ class Engine:
         batch_size: int | None = None,
         max_kv_bytes: int | None = None,
         prefill_tokens: int | None = None,
+        lane_from: int = LANE_FROM,
         profile: bool = False,
         overlap: bool = True,
         pipeline: bool = True,
@@ -228,7 +240,8 @@ class Engine:
         self._draft_surface: CostSurface | None = None
         self._draft_cost = draft_cost
         self._batch_size = batch_size
-        self.max_kv_bytes = max_kv_bytes
+        self.max_kv_bytes = kv_budget() if max_kv_bytes is None else max_kv_bytes
+        self.lane_from = lane_from
         on_gpu = mx.default_device() == mx.gpu
         self.prefill_tokens = prefill_tokens or (2048 if on_gpu else 256)
         self.profile = profile
@@ -376,7 +389,8 @@ class Batch:
         self.target = engine.target
         self.draft_model = engine.draft_model
         self.capacity = capacity
-        self.cache = BatchKVCache(engine.target.num_layers, capacity)
+        self._per_position = bytes_per_position(engine.target.model)
+        self.cache = BatchKVCache(engine.target.num_layers, capacity, lane_from=engine.lane_from)
         self.rows: list[Sequence | None] = [None] * capacity
         self.queue: deque[Sequence] = deque()
         self._draft_model_drafter = None
@@ -448,6 +462,17 @@ class Batch:
             raise ValueError("empty prompt")
         if len(prompt) >= ctx:
             raise ValueError(f"prompt has {len(prompt)} tokens; the model's context is {ctx}")
+        alone = kv_bytes(
+            [row_positions(len(prompt), params.max_tokens, ctx)],
+            self.cache.lane_from,
+            self._per_position,
+        )
+        if alone > self.engine.max_kv_bytes:
+            raise RequestTooLarge(
+                f"this request needs {alone / 2**30:.2f} GiB of KV cache ({len(prompt)} prompt "
+                f"tokens + up to {params.max_tokens} generated); this worker's budget is "
+                f"{self.engine.max_kv_bytes / 2**30:.2f} GiB: shorten the prompt or max_tokens"
+            )
         group = _Group(params.n) if params.n > 1 else None
         base = row_seed(params)
         for i in range(params.n):
@@ -570,7 +595,9 @@ class Batch:
         first, first_lp = None, None
         if prefill:
             first, first_lp = self._first_tokens(prefill, outs[-1])
-        pending = [*picks, *([first] if first is not None else [])]
+        # A prefill chunk is computed in its own step, even where no row's prompt ends
+        # here: deferred, the chunks' graphs would pile up until the last one.
+        pending = [*picks, *([first] if first is not None else [outs[-1]] if prefill else [])]
         pending += [a for lp in [*lps, first_lp] if lp is not None for a in lp]
         pending += [h for h in states or [] if h is not None]
         pending += [
@@ -676,6 +703,8 @@ class Batch:
                 tokens = picks[0] if len(picks) == 1 else mx.concatenate(picks)
                 mx.async_eval(tokens)
                 launched = (rows, tokens)
+            else:  # prefill alone, no prompt ending: computed now (see `_step`)
+                mx.async_eval(outs[-1])
         results = self._results()
         if lag_rows:
             self._commit_plain(lag_rows, lag_tokens.tolist())  # the step's one sync
@@ -723,8 +752,8 @@ class Batch:
 
     def _resident_ok(self) -> bool:
         """Whether this step can run in the resident loop (Engine's `resident`)."""
-        if self._loop_head is None:
-            return False
+        if self._loop_head is None or self.cache.lanes:
+            return False  # (the loop's forwards read every row from the dense block)
         rows = [s for s in self.rows if s is not None]
         if not rows or self._admissible():
             return False
@@ -936,7 +965,7 @@ class Batch:
                 for d in self.drafters:
                     d.retire(s)
                 self.rows[s.slot] = None
-                self.cache.lengths[s.slot] = 0
+                self.cache.release(s.slot)
                 s.finish_reason = "cancelled"
                 out.append(s)
         # (a plain-decoding step still in flight skips them: their finish_reason is set)
@@ -954,7 +983,9 @@ class Batch:
         self.queue.clear()
         self._done = []
         self._loop = None
-        self.cache = BatchKVCache(self.target.num_layers, self.capacity)
+        self.cache = BatchKVCache(
+            self.target.num_layers, self.capacity, lane_from=self.engine.lane_from
+        )
         self._draft_model_drafter = None
         self.drafters = self.engine.entry.build(self, self.engine.arg)
         self._loop_head = self._choose_loop_head()
@@ -983,18 +1014,18 @@ class Batch:
             seq.metrics.t_start = seq.t_admit
             self.rows[seq.slot] = seq
             self._write_head(seq)
-            self.cache.lengths[seq.slot] = 0
+            self.cache.release(seq.slot)
             if seq.on_admit is not None:
                 seq.on_admit()
 
     def _fits(self, seq: Sequence) -> bool:
-        budget = self.engine.max_kv_bytes
-        if budget is None or self.active == 0:
-            return True  # one row always runs, whatever the budget
-        per = _bytes_per_position(self.target.model)
-        need = [len(s.prompt) + s.max_tokens + K_MAX + 1 for s in self.rows if s is not None]
-        need.append(len(seq.prompt) + seq.max_tokens + K_MAX + 1)
-        return self.capacity * max(need) * per <= budget
+        """Whether the rows' KV cache, with `seq` joining them, stays in the budget (a row
+        alone always runs: `submit` refused those that cannot)."""
+        if self.active == 0:
+            return True
+        need = [row_positions(len(s.prompt), s.max_tokens) for s in self.rows if s is not None]
+        need.append(row_positions(len(seq.prompt), seq.max_tokens))
+        return kv_bytes(need, self.cache.lane_from, self._per_position) <= self.engine.max_kv_bytes
 
     def _prefill_plan(self) -> list[tuple[Sequence, list[int]]]:
         """The prompt chunks to prefill this step (at most `prefill_tokens` in all, oldest
@@ -1423,7 +1454,7 @@ class Batch:
             states = [gather(spans)] if spans else None
             self.engine.learner.observe(s.prompt, s.output, states)
         self.rows[s.slot] = None
-        self.cache.lengths[s.slot] = 0
+        self.cache.release(s.slot)
         self._done.append(s)
 
     def _results(self) -> list[GenerationResult]:
@@ -1653,13 +1684,3 @@ def _alone(offer: Offer, marginal: float, step_cost: float) -> float:
     m = np.arange(1, len(offer.gains) + 1)
     rates = (1.0 + np.cumsum(offer.gains)) / (1.0 + m * (marginal + step_cost))
     return float(rates.max())
-
-
-def _bytes_per_position(model) -> int:
-    """KV bytes one position of one row takes over all layers."""
-    args = model.args
-    heads = args.num_attention_heads
-    kv = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None) or args.hidden_size // heads
-    size = 4 if model.model.norm.weight.dtype == mx.float32 else 2
-    return 2 * len(model.model.layers) * kv * head_dim * size

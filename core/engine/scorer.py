@@ -164,6 +164,7 @@ class _Plan:
     pack: mx.array | None  # (N,) padded index per packed token (None: identity)
     mask: mx.array  # (Q, 1, W, width) bool; Q = q_rows
     keep: mx.array | None = None  # the mask as 1.0/0.0 (cpu_math's attention), built once
+    lane: bool = False  # its one row lives in a lane of its own (cache.py), not the dense block
 
 
 LONG = 16  # query counts above this (prompt chunks) are padded like the key reads
@@ -216,8 +217,9 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
     # Rows take the lowest free slots, so the live ones are mostly the first `hi` slots
     # (a batch's capacity may exceed the rows it has: a job's tail, a small job).
     hi = int(max(seg.rows)) + 1
-    rows_all = list(seg.rows) == list(range(hi))
-    if not rows_all and w <= LONG and 2 * R > hi:
+    lane = cache.is_lane(seg.rows[0])
+    rows_all = list(seg.rows) == list(range(hi)) and not lane
+    if not rows_all and not lane and w <= LONG and 2 * R > hi:
         # Most of those slots verify here: gathering their keys and values would copy
         # nearly all of them every layer. Read the first `hi` slots instead; the other
         # slots' queries are dummies (they see one key, their output is dropped).
@@ -247,6 +249,7 @@ def _plan(cache: BatchKVCache, seg: Segment, offset: int) -> _Plan:
         unpack=mx.array(unpack.astype(np.int32)) if ragged else None,
         pack=mx.array(pack.astype(np.int32)) if ragged else None,
         mask=mx.array(mask[:, None]),
+        lane=lane,
     )
 
 
@@ -288,21 +291,40 @@ def _rope(rope: nn.Module, x: mx.array, positions: mx.array) -> mx.array:
     return rope(x.reshape(N, H, 1, D), offset=positions).reshape(N, H, D)
 
 
-def _writes(plans: list[_Plan]) -> tuple[mx.array, mx.array, mx.array | None]:
-    """(rows, slots, kept tokens) of one cache write for the packed tokens of `plans`. A
-    position written twice (a dummy token of CUDA's all-slot segment where a prefill chunk
-    starts) keeps the later segment's token, as writing segment by segment would."""
-    if len(plans) == 1:
-        return plans[0].tok_rows, plans[0].tok_slots, None
+@dataclass
+class _Writes:
+    """Where the packed tokens of a forward's live segments go in the cache."""
+
+    dense: tuple[mx.array, mx.array, mx.array | None] | None  # (rows, slots, kept tokens)
+    lanes: list[tuple[int, int, int, int]]  # (row, first position, packed lo, packed hi)
+
+
+def _writes(plans: list[_Plan]) -> _Writes:
+    """The cache writes for the packed tokens of `plans`: one scatter into the dense block
+    (rows, slots, kept tokens), and a slice per lane row. A dense position written twice (a
+    dummy token of CUDA's all-slot segment where a prefill chunk starts) keeps the later
+    segment's token, as writing segment by segment would."""
+    lanes = [
+        (p.seg.rows[0], int(p.tok_slots_np[0]), p.offset, p.offset + p.seg.n)
+        for p in plans
+        if p.lane
+    ]
+    dense = [p for p in plans if not p.lane]
+    if not dense:
+        return _Writes(None, lanes)
+    if len(dense) == len(plans) == 1:
+        return _Writes((plans[0].tok_rows, plans[0].tok_slots, None), lanes)
     if any(p.tok_slots_np is None for p in plans):
         raise ValueError("a segment with device lengths runs alone in its forward")
-    rows = np.concatenate([p.tok_rows_np for p in plans])
-    slots = np.concatenate([p.tok_slots_np for p in plans])
+    rows = np.concatenate([p.tok_rows_np for p in dense])
+    slots = np.concatenate([p.tok_slots_np for p in dense])
+    packed = np.concatenate([np.arange(p.offset, p.offset + p.seg.n) for p in dense])
     key = rows.astype(np.int64) * (1 << 32) + slots
     _, last = np.unique(key[::-1], return_index=True)
     keep = np.sort(len(key) - 1 - last)
-    idx = None if len(keep) == len(key) else mx.array(keep.astype(np.int32))
-    return mx.array(rows[keep]), mx.array(slots[keep]), idx
+    whole = len(keep) == len(key) and len(dense) == len(plans)
+    idx = None if whole else mx.array(packed[keep].astype(np.int32))
+    return _Writes((mx.array(rows[keep]), mx.array(slots[keep]), idx), lanes)
 
 
 def _attention(
@@ -322,14 +344,20 @@ def _attention(
     q, k = _rope(attn.rope, q, positions), _rope(attn.rope, k, positions)
     # Every segment's K/V in one write before any read: a write after another segment's
     # read could not update the cache in place (MLX would copy the whole layer's cache).
-    rows, slots, keep = writes
-    if keep is not None:
-        k, v = k[keep], v[keep]
-    cache.write(layer, rows, slots, k, v)
+    if writes.dense is not None:
+        rows, slots, keep = writes.dense
+        cache.write(
+            layer, rows, slots, k if keep is None else k[keep], v if keep is None else v[keep]
+        )
+    for row, start, lo, hi in writes.lanes:
+        cache.write_lane(layer, row, start, k[lo:hi], v[lo:hi])
     outs = []
     for p in plans:
         lo, hi = p.offset, p.offset + p.seg.n
-        keys, values = cache.read(layer, p.q_rows if p.rows_all else p.rows, p.width)
+        if p.lane:
+            keys, values = cache.read_lane(layer, p.seg.rows[0], p.width)
+        else:
+            keys, values = cache.read(layer, p.q_rows if p.rows_all else p.rows, p.width)
         qs = q[lo:hi] if p.unpack is None else q[lo:hi][p.unpack]  # (Q * W, H, D)
         R = p.q_rows
         qs = qs.reshape(R, p.w, attn.n_heads, -1).transpose(0, 2, 1, 3)
@@ -379,10 +407,103 @@ def forward(
 
     The cache lengths are not changed: the caller commits what it keeps.
     """
+    _prepare(cache, segments)
+    split, parts = _split_lanes(cache, segments)
+    inner: list | None = [] if states is not None else None
+    out = _forward(model, cache, split, stop, blocks, inner)
+    if states is not None:
+        states.extend(_merge(inner, parts))
+    return _merge(out, parts, hidden=stop is not None and stop < len(model.model.layers))
+
+
+def _prepare(cache: BatchKVCache, segments: list[Segment]) -> None:
+    """Room in the cache for every row's reach this forward (lanes for the long rows)."""
+    rows, ends = [], []
+    for s in segments:
+        rows += list(s.rows)
+        if s.base is not None:
+            ends += [s.end] * len(s.rows)
+        else:
+            ends += (cache.lengths[s.rows] + np.asarray(s.sizes)).tolist()
+    cache.prepare(rows, ends)
+
+
+def _split_lanes(cache: BatchKVCache, segments: list[Segment]):
+    """Segments with a lane row split so that each lane row is a segment of its own.
+
+    Returns the new segments and, per original segment, None (kept whole) or (its parts'
+    indices in the new list, the order that puts the parts' concatenated packed tokens
+    back, the same for rows)."""
+    if not cache.lanes:
+        return segments, [None] * len(segments)
+    out: list[Segment] = []
+    parts: list = []
+    for seg in segments:
+        lanes = [i for i, r in enumerate(seg.rows) if cache.is_lane(r)]
+        if not lanes or len(seg.rows) == 1:
+            parts.append(None)
+            out.append(seg)
+            continue
+        if seg.base is not None:
+            raise ValueError("a segment with device lengths holds no lane rows")
+        groups = [[i for i in range(len(seg.rows)) if i not in lanes]] + [[i] for i in lanes]
+        groups = [g for g in groups if g]
+        starts = np.concatenate([[0], np.cumsum(seg.sizes)])
+        idx, tok_order, row_order = [], [], []
+        for g in groups:
+            packed = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in g])
+            take = mx.array(packed.astype(np.int32))
+            idx.append(len(out))
+            out.append(
+                Segment(
+                    rows=[seg.rows[i] for i in g],
+                    tokens=[seg.tokens[i] for i in g],
+                    parents=None if seg.parents is None else [seg.parents[i] for i in g],
+                    ids=None if seg.ids is None else seg.ids[take],
+                    hidden=None if seg.hidden is None else seg.hidden[take],
+                    start_layer=seg.start_layer,
+                    logits=seg.logits,
+                    min_w=seg.min_w,
+                )
+            )
+            tok_order.append(packed)
+            row_order += g
+        tok_back = mx.array(np.argsort(np.concatenate(tok_order)).astype(np.int32))
+        row_back = mx.array(np.argsort(np.asarray(row_order)).astype(np.int32))
+        parts.append((idx, tok_back, row_back if seg.logits == "last" else tok_back))
+    return out, parts
+
+
+def _merge(outs: list, parts: list, hidden: bool = False) -> list:
+    """`_forward`'s outputs for the split segments, back in the original segments' order
+    (`hidden`: they are every token's hidden states, whatever the segments' logits)."""
+    if all(p is None for p in parts):
+        return outs
+    merged, j = [], 0
+    for p in parts:
+        if p is None:
+            merged.append(outs[j])
+            j += 1
+            continue
+        idx, tok_back, back = p
+        back = tok_back if hidden else back
+        got = [outs[i] for i in idx]
+        j = idx[-1] + 1
+        merged.append(None if got[0] is None else mx.concatenate(got)[back])
+    return merged
+
+
+def _forward(
+    model: nn.Module,
+    cache: BatchKVCache,
+    segments: list[Segment],
+    stop: int | None,
+    blocks: dict[int, nn.Module] | None,
+    states: list | None,
+) -> list[mx.array | None]:
     layers = model.model.layers
     stop = len(layers) if stop is None else stop
     order = sorted(range(len(segments)), key=lambda j: segments[j].start_layer)
-    cache.reserve(max(s.reach(cache.lengths) for s in segments))
     plans: dict[int, _Plan] = {}
     h = None
     offset = 0

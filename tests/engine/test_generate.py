@@ -8,6 +8,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.cache import LANE_FROM
+from core.engine.memory import RequestTooLarge, bytes_per_position, kv_bytes, row_positions
 from tests.engine.conftest import SMALL_VOCAB, store_adapter, store_head
 
 PROMPTS = [
@@ -274,10 +276,53 @@ def test_kv_budget_admits_rows_one_by_one(make_tiny):
     target = make_tiny(4)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=10)) for p in PROMPTS[:3]]
     want = [plain(target, p, q) for p, q in reqs]
-    eng = Engine(target, draft="ngram", surface=FLAT, batch_size=3, max_kv_bytes=1)
+    per = bytes_per_position(target.model)
+    one = max(kv_bytes([row_positions(len(p), 10)], LANE_FROM, per) for p, _ in reqs)
+    eng = Engine(target, draft="ngram", surface=FLAT, batch_size=3, max_kv_bytes=one)
     res = eng.generate_many(reqs)
     assert [r.tokens for r in res] == want
     assert all(r.timing["batch_size"] == 1.0 for r in res)  # one row at a time
+
+
+def test_a_request_that_cannot_fit_alone_fails_before_it_runs(make_tiny):
+    target = make_tiny(4)
+    prompt = target.encode_prompt(PROMPTS[0])
+    per = bytes_per_position(target.model)
+    eng = Engine(target, draft="none", surface=FLAT, batch_size=2, max_kv_bytes=200 * per)
+    batch = eng.new_batch()
+    batch.submit(prompt, GenerationParams(max_tokens=8), tag="fits")
+    with pytest.raises(RequestTooLarge, match="KV cache"):
+        batch.submit(prompt, GenerationParams(max_tokens=500), tag="too large")
+    assert [r.tag for r in batch.run()] == ["fits"]
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "early-exit:1", "head:3", "auto"])
+def test_long_rows_in_lanes_beside_short_rows_stay_lossless(drafter, make_tiny):
+    """Rows past `lane_from` positions keep their cache in lanes of their own (grown chunk by
+    chunk while prefilling) beside the dense block's short rows, joining and leaving: each
+    row equals itself alone."""
+    target = make_tiny(5)
+    long = [target.encode_prompt(PROMPTS[i] * (6 + 3 * i)) for i in (1, 2)]  # 300-800 tokens
+    reqs = [
+        (long[0], GenerationParams(max_tokens=60)),
+        (target.encode_prompt(PROMPTS[0]), GenerationParams(max_tokens=30)),
+        (long[1], GenerationParams(max_tokens=20)),
+        (target.encode_prompt(PROMPTS[3]), GenerationParams(max_tokens=16)),
+        (long[0], GenerationParams(max_tokens=14)),  # shares the first's prefix: copied
+    ]
+    want = [plain(target, p, q) for p, q in reqs]
+    eng = engine(target, drafter, make_tiny, batch=3, lane_from=100, prefill_tokens=64)
+    batch = eng.new_batch()
+    lanes_seen = []
+    for i, (p, q) in enumerate(reqs):
+        batch.submit(p, q, tag=i)
+    got = {}
+    while not batch.idle:
+        for r in batch.step():
+            got[r.tag] = r.tokens
+        lanes_seen.append(len(batch.cache.lanes))
+    assert [got[i] for i in range(len(reqs))] == want
+    assert max(lanes_seen) >= 2 and lanes_seen[-1] == 0  # lanes made, and freed at the end
 
 
 def test_an_isolated_request_runs_alone(make_tiny):
@@ -425,3 +470,28 @@ def test_cuda_shapes_change_nothing(drafter, make_tiny, monkeypatch):
     monkeypatch.setenv("APPLESPEC_KV_PAD", "8")
     got = engine(target, drafter, make_tiny, batch=4).generate_many(reqs)
     assert [r.tokens for r in got] == want
+
+
+def test_prefill_peak_memory_grows_with_the_prompt_by_little_more_than_its_kv(tokenizer):
+    """Peak memory of prefilling 1k, 4k and 16k tokens (plus two generated) in a batch of
+    8 slots: beyond 4k it grows by the row's KV and the chunk's mask per position, not by a
+    chunk x context score tensor or every slot's cache."""
+    from core.engine import cpu_math
+    from core.engine.tiny import tiny_model
+
+    target = LoadedModel("tiny-long", tiny_model(3), tokenizer, 1 << 15)
+    per = bytes_per_position(target.model)
+    mx.eval(target.model.parameters())
+    peaks = {}
+    for n in (1024, 4096, 16384):
+        eng = Engine(target, draft="none", surface=FLAT, batch_size=8, prefill_tokens=1024)
+        prompt = np.random.default_rng(n).integers(0, 256, n).tolist()
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        base = mx.get_active_memory()
+        eng.generate_many([(prompt, GenerationParams(max_tokens=2))], capacity=8)
+        peaks[n] = mx.get_peak_memory() - base
+    slope = (peaks[16384] - peaks[4096]) / (16384 - 4096)
+    assert slope <= 4 * per + 8 * 1024, (peaks, per)  # KV (grown by half) + bool/float mask
+    scores = cpu_math.SCORE_BYTES if mx.default_device() == mx.cpu else 0
+    assert peaks[16384] <= 2 * 16384 * per + 20 * scores + 64 * 2**20, peaks
