@@ -87,6 +87,17 @@ class CostSurface:
         best = max(self.plain_throughput(b) for b in sizes)
         return next(b for b in sizes if self.plain_throughput(b) >= (1 - within) * best)
 
+    def merged(self, other: CostSurface) -> CostSurface:
+        """This surface with `other`'s batch sizes added (other's rows win; same widths),
+        made non-decreasing in B again."""
+        if tuple(other.widths) != tuple(self.widths):
+            return other
+        rows = dict(zip(self.batches, self.ms, strict=True))
+        rows.update(zip(other.batches, other.ms, strict=True))
+        batches = tuple(sorted(rows))
+        g = np.maximum.accumulate(np.asarray([rows[b] for b in batches]), axis=0)
+        return CostSurface(batches, self.widths, tuple(tuple(map(float, r)) for r in g))
+
     @classmethod
     def flat(cls) -> CostSurface:
         """An accelerator-like surface (width and rows are free): for tests."""
@@ -144,13 +155,12 @@ def measure_surface(
 def _forwards(
     model: nn.Module, rows: int, widths: Sequence[int], context: int, pad: int | None = None
 ) -> list[Callable[[], object]]:
-    """A forward of `rows` rows x W tokens for each width, after a `context`-token prefix
-    per row on a scratch cache (random tokens: as good to time); `pad`: the cache's."""
+    """A forward of `rows` rows x W tokens for each width, after a `context`-position
+    prefix per row on a scratch cache (random tokens, zero keys and values: as good to time,
+    and nothing to prefill); `pad`: the cache's."""
     vocab = model.model.embed_tokens.weight.shape[0]
     cache = BatchKVCache(len(model.model.layers), rows, pad=pad)
     slots = list(range(rows))
-    prefix = np.random.default_rng(0).integers(0, vocab, (rows, context)).tolist()
-    mx.eval(forward(model, cache, [Segment(slots, prefix, logits="none")]))
     cache.lengths[:] = context
     runs = []
     for w in widths:
@@ -307,6 +317,11 @@ def measure_and_keep(
     """Measure the surface now and keep it (replacing any kept one)."""
     on_gpu = mx.default_device() == mx.gpu
     surface = measure_surface(model, GPU_BATCHES if on_gpu else BATCHES, progress=progress)
+    _keep(surface, model, model_name, weight_format)
+    return surface
+
+
+def _keep(surface: CostSurface, model: nn.Module, model_name: str, weight_format: str) -> None:
     path = surface_path(model, weight_format)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -315,14 +330,42 @@ def measure_and_keep(
         tmp.replace(path)
     except OSError:
         pass  # a read-only data directory: measured again next time
-    return surface
 
 
 def load_or_measure(
-    model: nn.Module, model_name: str, weight_format: str, progress=lambda s: None
+    model: nn.Module,
+    model_name: str,
+    weight_format: str,
+    progress=lambda s: None,
+    rows: int | None = None,
 ) -> CostSurface:
-    """The surface kept for this machine and model, measured (and kept) when missing."""
+    """The surface kept for this machine and model, with the batch sizes a batch of at
+    most `rows` rows prices (the grid's up to the first that holds them; None: the whole
+    grid) measured and kept first where they are missing, smallest first."""
+    grid = GPU_BATCHES if mx.default_device() == mx.gpu else BATCHES
     kept = load_kept(model, weight_format)
-    if kept is not None:
+    need = list(grid) if rows is None else grid_up_to(grid, rows)
+    have = set(kept.batches) if kept is not None else set()
+    missing = [b for b in need if b not in have]
+    if not missing:
         return kept
-    return measure_and_keep(model, model_name, weight_format, progress)
+    t0 = time.perf_counter()
+    progress(
+        f"measuring this machine's verify costs for {model_name} at batch sizes "
+        f"{', '.join(map(str, missing))} (once; kept for later runs)"
+    )
+    new = measure_surface(model, missing, progress=progress)
+    surface = new if kept is None else kept.merged(new)
+    _keep(surface, model, model_name, weight_format)
+    progress(f"verify costs measured in {time.perf_counter() - t0:.1f} s")
+    return surface
+
+
+def grid_up_to(grid: Sequence[int], rows: int) -> list[int]:
+    """The grid's batch sizes up to the first that holds `rows` rows (all, if none does)."""
+    out = []
+    for b in grid:
+        out.append(b)
+        if b >= rows:
+            break
+    return out

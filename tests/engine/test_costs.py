@@ -93,14 +93,39 @@ def test_kept_under_the_data_directory_per_model_shape(make_tiny, tmp_path, monk
         return S
 
     monkeypatch.setattr("core.engine.costs.measure_surface", fake)
-    assert load_or_measure(model, "a", "float32") == S
-    assert load_or_measure(make_tiny(1).model, "b", "float32") == S  # another seed: same shape
+    assert load_or_measure(model, "a", "float32", rows=16) == S
+    assert load_or_measure(make_tiny(1).model, "b", "float32", rows=16) == S  # same shape
     assert len(calls) == 1
     (kept,) = (tmp_path / "costs").iterdir()
     assert json.loads(kept.read_text())["ms"] == [list(r) for r in S.ms]
     other = make_tiny(0, hidden_size=32).model
     assert machine_key(other, "float32") != machine_key(model, "float32")
     assert machine_key(model, "q4") != machine_key(model, "float32")
+
+
+def test_a_small_job_measures_only_the_batch_sizes_it_can_use(make_tiny, tmp_path, monkeypatch):
+    """A job of 3 rows measures batch sizes 1 and 4 only, smallest first, saying so; a later
+    job of 10 adds 16 alone; the engine's one-time setup does it before any batch runs."""
+    from core.engine import Engine
+
+    monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
+    target = make_tiny(0)
+    measured, said = [], []
+    real = costs.measure_surface
+
+    def spy(model, batches, *a, **kw):
+        measured.append(list(batches))
+        return real(model, batches, *a, repeats=1, **kw)
+
+    monkeypatch.setattr("core.engine.costs.measure_surface", spy)
+    eng = Engine(target, draft="none", max_rows=3, progress=said.append)
+    eng.prepare()
+    assert measured == [[1, 4]] and eng.surface.batches == (1, 4) and eng.batch_size <= 4
+    assert any("batch sizes 1, 4" in s for s in said)
+    assert load_or_measure(target.model, "t", "float32", rows=10).batches == (1, 4, 16)
+    assert measured == [[1, 4], [16]]
+    assert load_or_measure(target.model, "t", "float32", rows=2).batches == (1, 4, 16)
+    assert measured == [[1, 4], [16]]  # kept: nothing measured again
 
 
 def test_an_accelerators_surface_is_kept_under_its_own_name(make_tiny, monkeypatch):
