@@ -9,7 +9,15 @@ import click
 
 from api.options import model_option
 
-ROWS = ("mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec")
+ROWS = (
+    "mlx_lm",
+    "mlx_lm_spec",
+    "ours_single",
+    "ours_single_spec",
+    "ours_batched",
+    "ours_batched_spec",
+)
+DEFAULT_ROWS = ("mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec")
 
 
 def _sizes(value: str | None, param: str) -> list[int] | None:
@@ -52,9 +60,10 @@ def _sizes(value: str | None, param: str) -> list[int] | None:
 )
 @click.option(
     "--rows",
-    default=",".join(ROWS),
+    default=",".join(DEFAULT_ROWS),
     show_default=True,
-    help="Which configurations to run.",
+    help="Which configurations to run (also mlx_lm_spec: mlx-lm's own speculative "
+    "decoding with --draft-model, one row at a time).",
 )
 @click.option(
     "--reference",

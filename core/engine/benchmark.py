@@ -43,6 +43,7 @@ from . import generate
 from .costs import format_surface
 from .generate import Engine
 from .model import LoadedModel
+from .roofline import device_peaks, shares
 from .sampling import GenerationParams
 
 GAP_BUG = 0.05
@@ -236,6 +237,28 @@ def mlx_lm_single(target: LoadedModel, item: Item) -> list[int]:
     return out
 
 
+def mlx_lm_speculative(
+    target: LoadedModel, draft: LoadedModel, item: Item, num_draft_tokens: int = 2
+) -> list[int]:
+    """mlx-lm's own speculative decoding (`speculative_generate_step`) with a draft model,
+    one row (it runs no batch), greedy."""
+    from mlx_lm.generate import speculative_generate_step
+
+    out = []
+    for t, _, _ in speculative_generate_step(
+        mx.array(item.prompt),
+        target.model,
+        draft.model,
+        num_draft_tokens=num_draft_tokens,
+        max_tokens=item.max_tokens,
+    ):
+        t = int(t)
+        if t in target.eos_token_ids:
+            break
+        out.append(t)
+    return out
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
     """The first position where two token lists differ (the shorter's length if one is a
     prefix of the other)."""
@@ -287,7 +310,9 @@ def run_bench(
         "ours_batched_spec",
     }
     kw = {"draft_model": draft_model} if draft_model is not None else {}
-    base = Engine(target, draft=drafter, progress=progress, **kw)
+    # The surface covers the batch sizes this job can use (not the whole grid).
+    rows_max = max(our_batches or [len(items)])
+    base = Engine(target, draft=drafter, progress=progress, max_rows=rows_max, **kw)
     surface = base.surface  # measured (or loaded) before any timing
     our_batches = list(our_batches or [base.batch_size])
     # GPU backends compile kernels per shape: an untimed pass over the first 2 x batch
@@ -378,6 +403,15 @@ def run_bench(
                 bs,
                 lambda job=items, bs=bs: (mlx_lm_batch(target, job, bs), []),
             )
+    if "mlx_lm_spec" in want:
+        if draft_model is None:
+            raise ValueError("the mlx_lm_spec row needs --draft-model")
+        mlx_lm_speculative(target, draft_model, Item(items[0].prompt[:16], 4))  # first shapes
+        timed(
+            "mlx_lm_spec",
+            1,
+            lambda job=items: ([mlx_lm_speculative(target, draft_model, it) for it in job], []),
+        )
     if "ours_single" in want or reference == "ours_single":
         single = ours("none", 1)
         if "ours_single" in want:
@@ -401,7 +435,8 @@ def run_bench(
             _round(row, fn)
     if ref_outputs is None:
         ref_outputs = next(r.outputs for r in rows if r.name == "ours_single")[: len(ref_items)]
-    return summarize(rows, target, items, ref_outputs, reference, surface, drafter)
+    peaks = device_peaks()
+    return summarize(rows, target, items, ref_outputs, reference, surface, drafter, peaks)
 
 
 def _curve(per_item: list[float], bins: int = 8) -> dict:
@@ -419,7 +454,7 @@ def _curve(per_item: list[float], bins: int = 8) -> dict:
     }
 
 
-def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> dict:
+def summarize(rows, target, items, ref_outputs, reference, surface, drafter, peaks=None) -> dict:
     gaps: dict[tuple[int, int], float] = {}
 
     checked = len(ref_outputs)
@@ -464,6 +499,13 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
             }
         )
     extra = sorted({t["name"].rsplit("_", 1)[0] + "_" for t in table if "_draft-" in t["name"]})
+    if peaks is not None:
+        for t in table:  # a step reads the weights once for its rows' accepted tokens
+            per_step = t["batch_size"] * (t["mean_accepted_length"] or 1.0)
+            lim = shares(t["tokens_per_s"], per_step, target.model, peaks)
+            t["bandwidth_share"] = round(lim["bandwidth_share"], 4)
+            t["compute_share"] = round(lim["compute_share"], 4)
+    ours = [t for t in table if t["name"].startswith("ours_")]
     for prefix in ("mlx_lm_batch_", "ours_batched_spec_", "ours_batched_", *extra):
         cands = [
             t for t in table if t["name"].startswith(prefix) and t["name"][len(prefix) :].isdigit()
@@ -471,9 +513,15 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
         if cands:
             best = max(cands, key=lambda t: t["tokens_per_s"])
             table.append({**best, "name": prefix.rstrip("_"), "config": best["name"]})
+    if ours:
+        best = max(ours, key=lambda t: t["tokens_per_s"])
+        table.append({**best, "name": "ours_best", "config": best["name"]})
     best_mlx = next((t["tokens_per_s"] for t in table if t["name"] == "mlx_lm_batch"), None)
+    mlx_spec = next((t["tokens_per_s"] for t in table if t["name"] == "mlx_lm_spec"), None)
     for t in table:
         t["ratio_vs_mlx_lm"] = round(t["tokens_per_s"] / best_mlx, 3) if best_mlx else None
+        if mlx_spec:
+            t["ratio_vs_mlx_lm_spec"] = round(t["tokens_per_s"] / mlx_spec, 3)
     return {
         "model": target.name,
         "weight_format": target.weight_format,
@@ -487,6 +535,17 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter) -> 
         "reference": reference,
         "reference_items": checked,
         "cost_surface_ms": surface.to_json(),
+        **(
+            {
+                "peaks": {
+                    "bandwidth_bytes_per_s": peaks.bandwidth,
+                    "flops_per_s": peaks.flops,
+                    "source": peaks.source,
+                }
+            }
+            if peaks is not None
+            else {}
+        ),
         "rows": table,
         **({"round_ratios": _round_ratios(rows)} if any(len(r.rounds) > 1 for r in rows) else {}),
     }
@@ -526,7 +585,7 @@ def format_table(result: dict) -> str:
         f"max_tokens {result['max_tokens']}, drafter {result['drafter']}, "
         f"reference {result['reference']} on the first {result['reference_items']} items",
         f"{'config':<34}{'batch':>6}{'tok/s':>10}{'vs mlx-lm':>11}{'identical':>11}"
-        f"{'max gap':>9}{'acc len':>9}  drafters",
+        f"{'max gap':>9}{'acc len':>9}{'bw':>7}{'flops':>7}  drafters",
     ]
     for r in result["rows"]:
         name = r["name"] + (f" ({r['config']})" if "config" in r else "")
@@ -536,9 +595,24 @@ def format_table(result: dict) -> str:
             gap += "!"
         mal = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
         mix = ", ".join(f"{k} {v}" for k, v in sorted(r["drafters"].items())) or "-"
+        bw = f"{r['bandwidth_share']:.1%}" if "bandwidth_share" in r else "-"
+        fl = f"{r['compute_share']:.1%}" if "compute_share" in r else "-"
         lines.append(
             f"{name:<34}{r['batch_size']:>6}{r['tokens_per_s']:>10.2f}{ratio:>11}"
-            f"{r['identical_rows']:>6}/{result['reference_items']:<4}{gap:>9}{mal:>9}  {mix}"
+            f"{r['identical_rows']:>6}/{result['reference_items']:<4}{gap:>9}{mal:>9}"
+            f"{bw:>7}{fl:>7}  {mix}"
+        )
+    best = next((r for r in result["rows"] if r["name"] == "ours_best"), None)
+    if best and "ratio_vs_mlx_lm_spec" in best:
+        lines.append(
+            f"ours_best ({best['config']}) / mlx_lm_spec: {best['ratio_vs_mlx_lm_spec']:.2f}x"
+        )
+    if "peaks" in result:
+        p = result["peaks"]
+        lines.append(
+            f"limits ({p['source']}): {p['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s, "
+            f"{p['flops_per_s'] / 1e12:.2f} TFLOP/s; bw = weight bytes read per step x steps/s "
+            "over the bandwidth, flops = 2 x weights x tokens/s over the compute peak"
         )
     for r in result["rows"]:
         if "rounds_tokens_per_s" in r and "config" not in r:

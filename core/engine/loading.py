@@ -27,6 +27,10 @@ def load_model(spec: str) -> LoadedModel:
         from .tiny import load_tiny
 
         return load_tiny(spec)
+    if spec.startswith("random:"):
+        from .shapes import load_random
+
+        return load_random(spec)
     if spec in REGISTRY:
         entry = REGISTRY[spec]
         path = model_path(entry)
@@ -54,6 +58,11 @@ def load_tokenizer(spec: str) -> tuple[Any, int]:
 
         tiny = load_tiny(spec)
         return tiny.tokenizer, tiny.context_length
+    if spec.startswith("random:"):
+        from .shapes import ARCHITECTURES, parse
+        from .tiny import byte_tokenizer
+
+        return byte_tokenizer(), ARCHITECTURES[parse(spec)[0]]["max_position_embeddings"]
     if spec in REGISTRY:
         entry = REGISTRY[spec]
         path = model_path(entry)
