@@ -8,7 +8,7 @@ ships in /usr/share/common-licenses, cut to the asked token count). Each (docume
 system) pair runs in its own process so peak RSS is that run's alone:
 
     PYTHONPATH=. python bench/long_prompts.py [--model smollm2-135m] [--tokens 2048,7800]
-        [--max-tokens 32] [--systems mlx_lm,ours]
+        [--max-tokens 32] [--systems mlx_lm,ours:auto]
 
 Prints one line per document: tokens, TTFT and peak RSS of each system, their ratios, and
 whether the greedy outputs are identical.
@@ -61,7 +61,9 @@ def run_one(system: str, model: str, tokens: int, max_tokens: int) -> dict:
         from core.engine.generate import Engine
         from core.engine.sampling import GenerationParams
 
-        engine = Engine(target, draft="none", batch_size=1)
+        # As `applespec run` runs a one-item job: the default drafter, one-time setup first.
+        engine = Engine(target, draft=system.split(":", 1)[1], max_rows=1)
+        engine.prepare()
         r = engine.generate(prompt, GenerationParams(max_tokens=max_tokens))
         out = r.tokens
         ttft = r.timing["ttft_s"]
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", default="2048,7800", help="document lengths, comma-separated")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--systems", default="mlx_lm,ours")
+    ap.add_argument("--systems", default="mlx_lm,ours:auto", help="mlx_lm, ours:DRAFTER")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one system here
     a = ap.parse_args()
     if a.one:
