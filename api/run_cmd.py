@@ -82,7 +82,9 @@ def run_cmd(
     settings = Settings.from_env()
     model = settings.resolve_model(model)
     lines = read_job_file(input_file, settings)
-    engine = load_engine(model, draft, k, settings.learn_share)
+    engine = load_engine(
+        model, draft, k, settings.learn_share, max_kv_bytes=settings.kv_budget_bytes
+    )
     params = overrides(**params)
     try:
         requests, bad = validate_for(

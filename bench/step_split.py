@@ -8,7 +8,8 @@ shape: kernels and attention graphs built) is timed apart from the second.
         '["head", {"step_modes": false}]' '["head", {"k": 1}]' '["head", {}]'
 
 Each configuration is `[draft spec, Engine keyword arguments]`; batch size 64 unless the
-keywords say. `N` and `M` (environment) cap the items and their max_tokens. The keyword
+keywords say. `N` and `M` (environment) cap the items and their max_tokens; `MODEL` names
+the model (default smollm2-135m; `random:llama-3-8b-4bit` for an architecture's shape). The keyword
 `"head_cost": "share"` prices the head's drafting depths by the share of the weights they
 read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the two.
 `"decay": 0` has the step modes choose a kind from each trial alone, as before their
@@ -52,7 +53,7 @@ from core.engine.drafters.feature_head import FeatureHeadDrafter
 
 
 def main() -> None:
-    target = load_model("smollm2-135m")
+    target = load_model(os.environ.get("MODEL", "smollm2-135m"))
     items = load_job(target, sys.argv[1], None)[: int(os.environ.get("N", 49))]
     cap = int(os.environ.get("M", 10**6))
     reqs = [(it.prompt, GenerationParams(max_tokens=min(it.max_tokens, cap))) for it in items]

@@ -113,6 +113,9 @@ class Settings:
         learn_share: APPLESPEC_LEARN_SHARE, the share of a worker's wall time its
             self-drafter (`adapter[:L]`, `auto` with a stored one) may spend learning from
             the rows it finishes (0 = no online learning; at most 1).
+        kv_budget_mb: APPLESPEC_KV_BUDGET_MB, the KV cache a batch of a worker (or `run`)
+            may hold, in MiB; 0 = half the device's memory less the weights. A request that
+            cannot fit alone fails with `request_too_large`; others wait for room.
         share_answers: APPLESPEC_SHARE_ANSWERS=0 keeps each worker's suffix index to its own
             answers; by default the workers of a job read each other's from the store.
         serve_models: APPLESPEC_SERVE_MODELS, comma-separated model specs the HTTP API runs a
@@ -140,7 +143,13 @@ class Settings:
     serve_models: tuple[str, ...] = ()
     batch_size: int = 0
     learn_share: float = 0.1
+    kv_budget_mb: int = 0
     share_answers: bool = True
+
+    @property
+    def kv_budget_bytes(self) -> int | None:
+        """The KV budget in bytes, None for the engine's default."""
+        return self.kv_budget_mb * 2**20 if self.kv_budget_mb else None
 
     def __post_init__(self) -> None:
         for name, (minimum, _kind) in _NUMBERS.items():
@@ -250,6 +259,7 @@ _NUMBERS: dict[str, tuple[float, type]] = {
     "max_tokens_limit": (1, int),
     "batch_size": (0, int),
     "learn_share": (0.0, float),
+    "kv_budget_mb": (0, int),
 }
 
 

@@ -65,8 +65,14 @@ class Cancelled(Exception):
 class Runtime:
     """Per process: models, engines and the engine thread (see the module docstring)."""
 
-    def __init__(self, batch_size: int | None = None, learn_share: float = 0.0):
+    def __init__(
+        self,
+        batch_size: int | None = None,
+        learn_share: float = 0.0,
+        kv_budget: int | None = None,
+    ):
         self.batch_size = batch_size
+        self.kv_budget = kv_budget  # KV bytes a batch may hold (None: the engine's default)
         self.learn_share = learn_share  # online learning of self-drafters (Engine's `learn`)
         self._models: dict[str, Any] = {}
         self._engines: dict[tuple, Any] = {}
@@ -109,6 +115,8 @@ class Runtime:
                 draft_model=draft_model,
                 batch_size=self.batch_size,
                 learn=self.learn_share,
+                max_kv_bytes=self.kv_budget,
+                progress=log.info,  # one-time setup (the verify costs) says what it does
             )
         return self._engines[key]
 
@@ -308,9 +316,11 @@ class Runtime:
 _runtime: Runtime | None = None
 
 
-def runtime(batch_size: int | None = None, learn_share: float = 0.0) -> Runtime:
+def runtime(
+    batch_size: int | None = None, learn_share: float = 0.0, kv_budget: int | None = None
+) -> Runtime:
     """This process's Runtime (made on first use, after the fork)."""
     global _runtime
     if _runtime is None:
-        _runtime = Runtime(batch_size or None, learn_share)
+        _runtime = Runtime(batch_size or None, learn_share, kv_budget)
     return _runtime

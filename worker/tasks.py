@@ -57,7 +57,7 @@ def _sessions_in(url: str, pid: int):
 
 def runtime_for(settings: Settings):
     """This process's Runtime, made with the settings' batch size and learning share."""
-    return runtime(settings.batch_size, settings.learn_share)
+    return runtime(settings.batch_size, settings.learn_share, settings.kv_budget_bytes)
 
 
 def heartbeat(settings: Settings) -> Heartbeat:

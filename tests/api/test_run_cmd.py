@@ -123,3 +123,28 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
         unknown = CliRunner().invoke(cli, [*command[:1], "batch_nope", *command[1:]])
         assert unknown.exit_code == 1, command
         assert unknown.output == "Error: no job 'batch_nope'\n", command
+
+
+def test_a_request_past_the_kv_budget_fails_alone_and_the_others_run(tmp_path, monkeypatch):
+    """APPLESPEC_KV_BUDGET_MB: a line whose KV cache cannot fit is a per-line
+    request_too_large error before it runs; the lines that fit are answered."""
+    from core.engine.memory import bytes_per_position
+    from core.engine.tiny import tiny_model
+
+    per = bytes_per_position(tiny_model())
+    budget_mb = 1
+    too_many = budget_mb * 2**20 // per  # positions the budget holds
+    lines = [
+        {"custom_id": "small", "prompt": "hello", "max_tokens": 4},
+        {"custom_id": "huge", "prompt": "hello", "max_tokens": too_many},
+        {"custom_id": "small2", "prompt": "hi", "max_tokens": 4},
+    ]
+    monkeypatch.setenv("APPLESPEC_KV_BUDGET_MB", str(budget_mb))
+    job = write_job(tmp_path / "job.jsonl", [json.dumps(x) for x in lines])
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    result = _run(job, "-o", str(out), "--errors", str(err), "--draft", "none")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert [line["custom_id"] for line in read_jsonl(out)] == ["small", "small2"]
+    (bad,) = read_jsonl(err)
+    assert bad["custom_id"] == "huge" and bad["error"]["code"] == "request_too_large"
+    assert "KV cache" in bad["error"]["message"]
