@@ -194,15 +194,20 @@ def pipelined_verify(
     return lambda width: float(_interp_linear(ws, ms, np.asarray([width], float))[0])
 
 
-def best_ms(run: Callable[[], object], repeats: int = 2) -> float:
+def best_ms(
+    run: Callable[[], object], repeats: int = 2, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """Milliseconds `mx.eval(run())` takes on this machine: once to warm up (kernels and
     attention graphs built for these shapes, work already in flight finished), then the
     best of `repeats` (the least-disturbed run: other load only adds time)."""
-    return interleaved_ms([run], repeats)[0]
+    return interleaved_ms([run], repeats, clock=clock)[0]
 
 
 def interleaved_ms(
-    runs: Sequence[Callable[[], object]], repeats: int = 2, steps: int = 1
+    runs: Sequence[Callable[[], object]],
+    repeats: int = 2,
+    steps: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """`best_ms` of each run, timed in `repeats` rounds that run each once in turn (after
     one warm-up each): a burst of other load on a shared machine then slows one round of
@@ -210,17 +215,18 @@ def interleaved_ms(
     tokens, between 255 for 1 and 735 for 4, where other days gave 1.4-1.6x one token's
     cost: a second token priced at 0.9 of a plain one, rows declined nearly every draft).
     `steps` > 1: each timing queues that many calls back to back and waits for the last
-    only, as a double-buffered loop runs them, and gives a call's share."""
+    only, as a double-buffered loop runs them, and gives a call's share. `clock`: seconds
+    (wall time; tests pass their own)."""
     for run in runs:
         mx.eval(run())
     best = [float("inf")] * len(runs)
     for _ in range(repeats):
         for i, run in enumerate(runs):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(steps - 1):
                 mx.async_eval(run())
             mx.eval(run())
-            best[i] = min(best[i], (time.perf_counter() - t0) / steps)
+            best[i] = min(best[i], (clock() - t0) / steps)
     return [1000 * b for b in best]
 
 

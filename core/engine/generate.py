@@ -166,6 +166,8 @@ class Engine:
             on the rows this engine finishes and swaps in versions that agree more on a
             held-out slice of them. With `adapter:L` and none stored it starts untrained.
             0 = no online learning.
+        clock: the seconds the step modes time each kind of step by (wall time; a test
+            passes a clock of its own so that the choice does not depend on the machine).
         resident: a batch drafting with the feature head (`head`, or `auto` with a head
             stored) whose rows ask for no penalties, biases or log-probabilities may draft
             a chain of `k` tokens a row in a loop resident on the device (resident.py):
@@ -204,6 +206,7 @@ class Engine:
         progress: Callable[[str], None] = lambda s: None,
         learn: float = 0.0,
         resident: bool | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         entry, arg = registry.parse(draft)
         if not 0 <= learn <= 1:
@@ -259,6 +262,7 @@ class Engine:
         # queueing a step's graph computes most of it before it returns.
         self.runs_ahead = on_gpu if self.RUNS_AHEAD is None else self.RUNS_AHEAD
         self.progress = progress
+        self.clock = clock  # the seconds the step modes measure steps by (tests replace it)
         # Per drafter: acceptance by draft position, carried from request to request.
         self.acceptance: dict[str, AcceptanceStats] = {}
         # Drafters' step timings on this machine, kept across batches: (drafter, capacity)
@@ -545,9 +549,10 @@ class Batch:
                 out = self._step()
             else:
                 decoding = any(s is not None and s.decoding for s in self.rows)
-                t0, n0 = time.perf_counter(), self.emitted
+                clock = self.engine.clock
+                t0, n0 = clock(), self.emitted
                 out = self._step()
-                seconds, tokens = time.perf_counter() - t0, self.emitted - n0
+                seconds, tokens = clock() - t0, self.emitted - n0
                 for kind, n, sec in self._drained:
                     self.modes.credit(kind, n, sec)
                     tokens, seconds = tokens - n, seconds - sec
@@ -947,10 +952,10 @@ class Batch:
     def _drain(self, kind: str) -> Iterator[None]:
         """A step of `kind` computed what this reads: the tokens and the wait go to it
         (StepModes.credit)."""
-        t0, n0 = time.perf_counter(), self.emitted
+        t0, n0 = self.engine.clock(), self.emitted
         yield
         if self.modes is not None:
-            self._drained.append((kind, self.emitted - n0, time.perf_counter() - t0))
+            self._drained.append((kind, self.emitted - n0, self.engine.clock() - t0))
 
     def _commit_plain(self, rows: list[Sequence], tokens: list[int]) -> None:
         now = time.perf_counter()

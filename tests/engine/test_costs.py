@@ -2,7 +2,6 @@
 kept under APPLESPEC_HOME."""
 
 import json
-import time
 
 import mlx.core as mx
 import pytest
@@ -52,15 +51,16 @@ def test_pipelined_forwards_are_timed_a_step_each_of_several_queued(make_tiny):
     pipelined cost of a forward grows with its tokens per row and goes on past the widths
     timed."""
     calls = []
+    clock = FakeClock()
 
     def run():
         calls.append(1)
-        time.sleep(0.01)
+        clock.now += 0.01  # each call takes 10 ms
         return mx.zeros(1)
 
-    ms = interleaved_ms([run, run], repeats=2, steps=costs.STEPS)
+    ms = interleaved_ms([run, run], repeats=2, steps=costs.STEPS, clock=clock)
     assert len(calls) == 2 * (1 + 2 * costs.STEPS)
-    assert all(10 <= m < 10 * costs.STEPS for m in ms)
+    assert ms == pytest.approx([10.0, 10.0])  # a call's share, not the queue's 80 ms
     cost = pipelined_verify(make_tiny(0).model, 4, context=8)
     widths = [cost(w) for w in (1, 2, 3, 4, 6, 8, 12)]
     assert widths[0] > 0 and widths == sorted(widths)
@@ -70,17 +70,29 @@ def test_a_burst_of_load_slows_one_round_not_one_runs_every_timing():
     """Timed in rounds over all runs: a burst as long as one run's warm-up and two timings
     (the calls a run timed alone would make in a row) leaves every run a clean timing."""
     calls = []
+    clock = FakeClock()
 
     def run():
         calls.append(1)
+        clock.now += 0.001  # 1 ms a call
         if 4 <= len(calls) <= 6:  # calls 3-5 (0-based): a second run's three, timed alone
-            time.sleep(0.05)
+            clock.now += 0.05
         return mx.zeros(1)
 
-    ms = interleaved_ms([run, run, run, run], repeats=2)
+    ms = interleaved_ms([run, run, run, run], repeats=2, clock=clock)
     assert len(calls) == 4 * 3
-    assert max(ms) < 25
-    assert best_ms(run) < 25
+    assert ms == pytest.approx([1.0] * 4)
+    assert best_ms(run, clock=clock) == pytest.approx(1.0)
+
+
+class FakeClock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_kept_under_the_data_directory_per_model_shape(make_tiny, tmp_path, monkeypatch):

@@ -479,25 +479,39 @@ def test_a_double_buffered_kinds_entry_measures_nothing_in_a_trial():
     assert m._pool["loop"] == [before[0], before[1] + 6.0]
 
 
+class StepClock:
+    """The step modes' clock in a test: every reading is one millisecond after the last, and
+    `wait` adds more; so each step costs the same few readings, whatever the machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def wait(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
     make_tiny, monkeypatch
 ):
-    """Drafting steps made slow on the host (a 100 ms sleep: a drafting step of this tiny
-    model on these repetitive prompts emits up to ~8 tokens per row, so a shorter sleep can
-    leave it the faster kind): after trying both kinds of step the batch runs plain steps,
-    and every row is still its plain greedy output."""
-    import time
-
+    """Drafting steps made slow on the host (100 ms on the step modes' clock, where a step
+    costs a few ms: a drafting step of this tiny model on these repetitive prompts emits up
+    to ~8 tokens per row): after trying both kinds of step the batch runs plain steps, and
+    every row is still its plain greedy output."""
     from core.engine.generate import Batch
 
+    clock = StepClock()
     slow_draft = Batch._draft
 
     def slow(self, decode):
-        time.sleep(0.1)
+        clock.wait(0.1)
         return slow_draft(self, decode)
 
     monkeypatch.setattr(Batch, "_draft", slow)
-    batch = _ngram_batch_on_repetitive_prompts(make_tiny)
+    batch = _ngram_batch_on_repetitive_prompts(make_tiny, clock=clock)
     assert batch.modes.rate["plain"] > batch.modes.rate["draft"]
     # past the trials (both kinds alike), the batch ran plain steps
     assert batch.modes.steps["plain"] > 2 * batch.modes.steps["draft"]
@@ -528,24 +542,23 @@ def test_the_gate_keeps_the_nodes_whose_chances_pay_and_the_other_rows_drafts():
 
 def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypatch):
     """A job's first step prefills its whole first wave of prompts, whatever kind of step
-    is current (a trial's first block: drafting). Made slow (a 0.5 s sleep while prompts
-    are planned), it used to be charged to drafting, which then lost its first trial to
-    plain steps on prompts where it emits several tokens a step. Now no kind is charged
-    with it: every trial block's seconds are decoding's, and drafting wins."""
-    import time
-
+    is current (a trial's first block: drafting). Made slow (0.5 s on the step modes' clock
+    while prompts are planned), it used to be charged to drafting, which then lost its
+    first trial to plain steps on prompts where it emits several tokens a step. Now no kind
+    is charged with it: every trial block's seconds are decoding's, and drafting wins."""
     from core.engine.generate import Batch
 
+    clock = StepClock()
     plan = Batch._prefill_plan
 
     def slow(self):
         out = plan(self)
         if out:
-            time.sleep(0.5)
+            clock.wait(0.5)
         return out
 
     monkeypatch.setattr(Batch, "_prefill_plan", slow)
-    batch = _ngram_batch_on_repetitive_prompts(make_tiny)
+    batch = _ngram_batch_on_repetitive_prompts(make_tiny, clock=clock)
     first, won = batch.modes.trials[0]
     assert all(seconds < 0.5 for _, _, seconds in first.values())  # no block held the prompts
     assert won == "draft"
@@ -580,7 +593,7 @@ def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, monkeypatc
     assert not any(e for i, (m, e) in enumerate(seen) if i not in firsts and i > 0)
 
 
-def _ngram_batch_on_repetitive_prompts(make_tiny):
+def _ngram_batch_on_repetitive_prompts(make_tiny, **kw):
     """Three repetitive prompts through one `ngram` batch of a tiny model on a flat surface
     (a drafting step emits up to ~8 tokens a row there), after the test's patches; each
     row's output is asserted to be its plain greedy one. The batch, run."""
@@ -590,7 +603,7 @@ def _ngram_batch_on_repetitive_prompts(make_tiny):
     prompts = ["Copy: a b c a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x"]
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in prompts]
     flat = CostSurface.flat()
-    engine = Engine(target, draft="ngram", surface=flat, batch_size=3)
+    engine = Engine(target, draft="ngram", surface=flat, batch_size=3, **kw)
     batch = engine.new_batch()
     for i, (p, q) in enumerate(reqs):
         batch.submit(p, q, tag=i)
