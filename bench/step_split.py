@@ -9,24 +9,12 @@ shape: kernels and attention graphs built) is timed apart from the second.
 
 Each configuration is `[draft spec, Engine keyword arguments]`; batch size 64 unless the
 keywords say. `N` and `M` (environment) cap the items and their max_tokens; `MODEL` names
-the model (default smollm2-135m; `random:llama-3-8b-4bit` for an architecture's shape). The keyword
-`"head_cost": "share"` prices the head's drafting depths by the share of the weights they
-read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the two.
-`"decay": 0` has the step modes choose a kind from each trial alone, as before their
-measurements were pooled (`StepModes.DECAY`); `"prefill_only": true` has a step that only
-prefilled count in them, as before (`Batch.MEASURE_PREFILL_ONLY`); `"entries": true` has a
-double-buffered kind's first step of a trial block count there, as before
-(`Batch.MEASURE_ENTRIES`); `"split": 0` gives every width bucket of a verify step its own
-segment (`scorer.SPLIT_QUERIES`), as before they merged; `"timed": true` prices the
-resident loop's chain lengths by its own steps timed by chain length once two are timed,
-exploring an untimed neighbour of the best (`Batch.LOOP_TIMED`, off by default; the timed ms
-a step by chain length are printed either way); `"pipelined": true` prices them by forwards
-timed back to back, as the loop runs them, instead of the surface's synchronized ones
-(`Batch.LOOP_PIPELINED`, off by default); `"joins_draft": false` has a step of the loop's
-kind where rows are joining verify one token a row instead of drafting with the head
-host-synced (`Batch.LOOP_JOINS_DRAFT`, on by default); `"oracle": true` replaces the
-configuration's drafters with one that drafts the first configuration's output
-(`bench/oracle.py`): with none first, the ceiling of drafting at this batch size.
+the model (default smollm2-135m; `random:llama-3-8b-4bit` for an architecture's shape).
+The keyword `"head_cost": "share"` prices the head's drafting depths by the share of the
+weights they read instead of timing one (`FeatureHeadDrafter.step_cost`), to compare the
+two. `"oracle": true` replaces the configuration's drafters with one that drafts the first
+configuration's output (`bench/oracle.py`): with none first, the ceiling of drafting at
+this batch size.
 
 With `R` (environment) rounds, every configuration then runs once per round, in turn (each
 round starting one configuration further on) and untimed inside: a GPU host's step time
@@ -46,9 +34,8 @@ import traceback
 import mlx.core as mx
 import oracle
 
-from core.engine import Engine, GenerationParams, generate, load_model, scorer
+from core.engine import Engine, GenerationParams, generate, load_model
 from core.engine.benchmark import load_job
-from core.engine.draft_length import StepModes
 from core.engine.drafters.feature_head import FeatureHeadDrafter
 
 
@@ -156,10 +143,7 @@ def _same(target, reqs, want, got) -> str:
 
 
 def _engine_kw(kw: dict) -> dict:
-    kept = (
-        "head_cost", "decay", "prefill_only", "entries", "split", "timed", "pipelined",
-        "joins_draft", "oracle",
-    )  # fmt: skip
+    kept = ("head_cost", "oracle")
     return {k: v for k, v in kw.items() if k not in kept}
 
 
@@ -170,25 +154,13 @@ def _run(eng, kw: dict, reqs):
     made = []
     new = eng.new_batch
     eng.new_batch = lambda capacity=None: made.append(new(capacity)) or made[-1]
-    measured, decay = FeatureHeadDrafter.step_cost, StepModes.DECAY
+    measured = FeatureHeadDrafter.step_cost
     if kw.get("head_cost") == "share":
         FeatureHeadDrafter.step_cost = lambda self, rows: self._share
-    StepModes.DECAY = kw.get("decay", decay)
-    generate.Batch.MEASURE_PREFILL_ONLY = kw.get("prefill_only", False)
-    generate.Batch.MEASURE_ENTRIES = kw.get("entries", False)
-    timed, pipelined = generate.Batch.LOOP_TIMED, generate.Batch.LOOP_PIPELINED
-    generate.Batch.LOOP_TIMED = kw.get("timed", timed)
-    generate.Batch.LOOP_PIPELINED = kw.get("pipelined", pipelined)
-    joins = generate.Batch.LOOP_JOINS_DRAFT
-    generate.Batch.LOOP_JOINS_DRAFT = kw.get("joins_draft", joins)
-    split = scorer.SPLIT_QUERIES
-    scorer.SPLIT_QUERIES = kw.get("split", split)
     try:
         return eng.generate_many(reqs)
     finally:
-        FeatureHeadDrafter.step_cost, StepModes.DECAY = measured, decay
-        generate.Batch.MEASURE_PREFILL_ONLY = generate.Batch.MEASURE_ENTRIES = False
-        scorer.SPLIT_QUERIES = split
+        FeatureHeadDrafter.step_cost = measured
         del eng.new_batch
         CHAINS[id(eng)] = sum((b.loop_steps for b in made), collections.Counter())
         KINDS[id(eng)] = sum(
@@ -197,16 +169,12 @@ def _run(eng, kw: dict, reqs):
         TRIALS[id(eng)] = [t for b in made if b.modes for t in b.modes.trials]
         last = next((b for b in reversed(made) if b._loop_head is not None), None)
         LOOP[id(eng)] = None if last is None else last.loop_speedups()  # as this run priced
-        TIMED[id(eng)] = None if last is None else eng.loop_times.measured(last._loop_rows())
-        generate.Batch.LOOP_TIMED, generate.Batch.LOOP_PIPELINED = timed, pipelined
-        generate.Batch.LOOP_JOINS_DRAFT = joins
 
 
 CHAINS: dict[int, collections.Counter] = {}
 KINDS: dict[int, collections.Counter] = {}  # the step modes' steps by kind
 TRIALS: dict[int, list] = {}  # the step modes' trials (StepModes.trials)
 LOOP: dict[int, object] = {}  # the loop's predicted speedups by chain length, at the end
-TIMED: dict[int, object] = {}  # the loop's step seconds by chain length (LoopTimes; used or not)
 
 
 def _chains(eng) -> str:
@@ -221,10 +189,6 @@ def _chains(eng) -> str:
     if LOOP.get(id(eng)) is not None:  # why the loop chose its chain (Batch._loop_k)
         out += "; loop's predicted speedup by chain length " + " ".join(
             f"{x:.2f}" for x in LOOP[id(eng)]
-        )
-    if TIMED.get(id(eng)):
-        out += "; loop's ms a step by chain length, timed " + ", ".join(
-            f"{k}: {1000 * s:.2f}" for k, s in sorted(TIMED[id(eng)].items())
         )
     for kinds, won in TRIALS.get(id(eng), []):  # each trial: kind steps/tokens/ms, its rate
         out += f"\n     trial -> {won}: " + ", ".join(

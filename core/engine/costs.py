@@ -153,13 +153,13 @@ def measure_surface(
 
 
 def _forwards(
-    model: nn.Module, rows: int, widths: Sequence[int], context: int, pad: int | None = None
+    model: nn.Module, rows: int, widths: Sequence[int], context: int
 ) -> list[Callable[[], object]]:
     """A forward of `rows` rows x W tokens for each width, after a `context`-position
     prefix per row on a scratch cache (random tokens, zero keys and values: as good to time,
-    and nothing to prefill); `pad`: the cache's."""
+    and nothing to prefill)."""
     vocab = model.model.embed_tokens.weight.shape[0]
-    cache = BatchKVCache(len(model.model.layers), rows, pad=pad)
+    cache = BatchKVCache(len(model.model.layers), rows)
     slots = list(range(rows))
     cache.lengths[:] = context
     runs = []
@@ -168,30 +168,6 @@ def _forwards(
         seg = [Segment(slots, toks)]
         runs.append(lambda seg=seg: forward(model, cache, seg))
     return runs
-
-
-PIPELINED_WIDTHS = (1, 2, 3, 4, 6, 8)  # tokens per row timed back to back (`pipelined_verify`)
-STEPS = 8  # forwards queued back to back per timing there
-
-
-def pipelined_verify(
-    model: nn.Module,
-    rows: int,
-    pad: int | None = None,
-    widths: Sequence[int] = PIPELINED_WIDTHS,
-    context: int = CONTEXT,
-) -> Callable[[int], float]:
-    """Milliseconds of a forward of `rows` rows as a function of its tokens per row, timed
-    as a double-buffered loop runs it: `STEPS` queued back to back and only the last waited
-    for (`interleaved_ms`'s `steps`). The surface times one synchronized forward, whose
-    launch and wait hide what more queries cost on a GPU: on an H100 at 64 rows it priced
-    two tokens a row at 1.14x one and four the same, while the resident loop's chains of
-    two took 13.4 ms a step against 9.5 for chains of one. `pad`: the cache's read padding
-    (the CUDA layout's)."""
-    runs = _forwards(model, rows, widths, context, pad)
-    ms = np.maximum.accumulate(np.asarray(interleaved_ms(runs, steps=STEPS)))
-    ws = np.asarray(widths, float)
-    return lambda width: float(_interp_linear(ws, ms, np.asarray([width], float))[0])
 
 
 def best_ms(
@@ -206,27 +182,21 @@ def best_ms(
 def interleaved_ms(
     runs: Sequence[Callable[[], object]],
     repeats: int = 2,
-    steps: int = 1,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """`best_ms` of each run, timed in `repeats` rounds that run each once in turn (after
     one warm-up each): a burst of other load on a shared machine then slows one round of
-    several runs, not every timing of one (this CPU once kept 489 ms for 64 rows of 2
-    tokens, between 255 for 1 and 735 for 4, where other days gave 1.4-1.6x one token's
-    cost: a second token priced at 0.9 of a plain one, rows declined nearly every draft).
-    `steps` > 1: each timing queues that many calls back to back and waits for the last
-    only, as a double-buffered loop runs them, and gives a call's share. `clock`: seconds
-    (wall time; tests pass their own)."""
+    several runs, not every timing of one (a cost timed under load misprices drafts: a
+    second token priced below a plain one makes rows decline nearly every draft).
+    `clock`: seconds (wall time; tests pass their own)."""
     for run in runs:
         mx.eval(run())
     best = [float("inf")] * len(runs)
     for _ in range(repeats):
         for i, run in enumerate(runs):
             t0 = clock()
-            for _ in range(steps - 1):
-                mx.async_eval(run())
             mx.eval(run())
-            best[i] = min(best[i], (clock() - t0) / steps)
+            best[i] = min(best[i], clock() - t0)
     return [1000 * b for b in best]
 
 

@@ -30,7 +30,7 @@ it within a few steps.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,83 +60,20 @@ def chain_speedups(
     gains: Sequence[float],
     draft_cost: float,
     verify_cost: Callable[[int], float] | None = None,
-    measured: Mapping[int, float] | None = None,
 ) -> np.ndarray:
     """Expected tokens per unit of time of a chain of k draft tokens a row against plain
     steps, for k = 0 .. len(gains) (k = 0: plain, 1.0): `gains[j]` is the chance that draft
     tokens 1 .. j + 1 are all accepted (`AcceptanceStats.gains`), each draft token costs
     `draft_cost` plain steps and `verify_cost(w)` is a step verifying w tokens per row, in
-    plain steps (`CostSurface.verify_cost`; None: 1, a latency-bound accelerator).
-
-    `measured`: seconds a step of a chain of k tokens took as the batch ran it, for the
-    lengths that ran (`LoopTimes`). Their costs against each other are then the measured
-    ones, at the model's level (scaled by the median of measured over modelled), and each
-    other length's is the model's, moved as much as its nearest measured length's was. One
-    length measured changes nothing; two show what the model misprices between them (an
-    H100 at 49 rows: chains of two, predicted 1.14x against 1.13x for chains of one, took
-    10.2 ms a step against 6.7)."""
+    plain steps (`CostSurface.verify_cost`; None: 1, a latency-bound accelerator)."""
     costs = np.array(
         [
             (1.0 if verify_cost is None else verify_cost(k + 1)) + k * draft_cost
             for k in range(1, len(gains) + 1)
         ]
     )
-    timed = sorted(k for k in measured or {} if 1 <= k <= len(gains))
-    if timed:
-        scale = float(np.median([measured[k] / costs[k - 1] for k in timed]))
-        moved = {k: measured[k] / scale - costs[k - 1] for k in timed}
-        for k in range(1, len(gains) + 1):
-            near = min(timed, key=lambda j: (abs(j - k), j))
-            costs[k - 1] += moved[near]
     expected = 1.0 + np.cumsum(np.asarray(gains, float))
     return np.concatenate([[1.0], expected / costs])
-
-
-class LoopTimes:
-    """The resident loop's step times as batches run them, by the rows it runs (rounded up
-    to a power of two) and chain length: a step's time is the median of the last `KEEP`
-    (the first steps after a loop starts on a fresh device can take twice the later ones),
-    known once `ENOUGH` steps ran and while fresh: a length none of whose steps came among
-    the last `FRESH` timed at those rows is timed again from scratch before it counts. A
-    device's step time drifts within a process, and on a CPU with the context's length, so
-    lengths compare best where they ran near each other in time: on this CPU at batch 1,
-    with no such expiry, chains of one kept a median of 107 ms a step against 85 ms for
-    chains of two, which do strictly more work. Kept by the engine across batches, and what
-    `_loop_k` prices chain lengths with (`chain_speedups`' `measured`) where
-    `Batch.LOOP_TIMED` is set (off by default: on an H100 its exploring cost more than it
-    gained)."""
-
-    KEEP = 32
-    ENOUGH = 4
-    FRESH = 256
-
-    def __init__(self) -> None:
-        self._seconds: dict[tuple[int, int], deque[tuple[int, float]]] = {}
-        self._count: dict[int, int] = {}  # steps timed at each row bucket
-
-    @staticmethod
-    def _bucket(rows: int) -> int:
-        return 1 << (max(rows, 1) - 1).bit_length()
-
-    def add(self, rows: int, k: int, seconds: float) -> None:
-        """A step of chain length `k` at `rows` took `seconds`; a length timed again after
-        going stale starts from this step."""
-        b = self._bucket(rows)
-        self._count[b] = n = self._count.get(b, 0) + 1
-        kept = self._seconds.setdefault((b, k), deque(maxlen=self.KEEP))
-        if kept and kept[-1][0] <= n - self.FRESH:
-            kept.clear()
-        kept.append((n, seconds))
-
-    def measured(self, rows: int) -> dict[int, float]:
-        """Chain length -> a step's seconds at `rows`, for the lengths timed enough, lately."""
-        b = self._bucket(rows)
-        now = self._count.get(b, 0)
-        return {
-            k: float(np.median([t for _, t in s]))
-            for (r, k), s in self._seconds.items()
-            if r == b and len(s) >= self.ENOUGH and s[-1][0] > now - self.FRESH
-        }
 
 
 def best_length(

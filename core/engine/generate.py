@@ -35,7 +35,7 @@ from mlx_lm.generate import generation_stream
 from . import drafters as registry
 from .acceptance import walk
 from .cache import LANE_FROM, BatchKVCache
-from .costs import CostSurface, load_kept, load_or_measure, pipelined_verify
+from .costs import CostSurface, load_kept, load_or_measure
 from .draft_length import (
     GATE_COST,
     K_INIT,
@@ -43,7 +43,6 @@ from .draft_length import (
     PRIORS,
     WARMUP,
     AcceptanceStats,
-    LoopTimes,
     Offer,
     RowPolicy,
     StepModes,
@@ -77,7 +76,6 @@ MIN_SHARED_PREFIX = 8  # shorter common prompt prefixes are computed, not copied
 PROMPT_HEAD = 256  # prompt tokens of every row compared at once to find a shared prefix
 LOOP_CHOOSE_EVERY = 16  # steps between choices of the resident loop's chain length
 LOOP_SWITCH = 1.03  # the predicted gain that changes it
-LOOP_EXPLORE = 0.9  # a length next to the chosen one, not yet timed, runs once this close
 LOOP_PROBE = 64  # steps of plain decoding, where no chain paid, before the loop runs again
 LOOP_PROBE_MAX = 1024  # (doubling each time it still does not pay)
 
@@ -168,6 +166,9 @@ class Engine:
             0 = no online learning.
         clock: the seconds the step modes time each kind of step by (wall time; a test
             passes a clock of its own so that the choice does not depend on the machine).
+        runs_ahead: whether the device runs a queued forward while the host goes on (a
+            GPU's; on the CPU queueing a step's graph computes most of it before it
+            returns); None = on a GPU.
         resident: a batch drafting with the feature head (`head`, or `auto` with a head
             stored) whose rows ask for no penalties, biases or log-probabilities may draft
             a chain of `k` tokens a row in a loop resident on the device (resident.py):
@@ -182,8 +183,6 @@ class Engine:
             1.20-1.23x plain against the host-synced steps' 0.74x; on this CPU, where the
             device does not run ahead of the host, the two tie).
     """
-
-    RUNS_AHEAD: bool | None = None  # whether the device runs ahead of the host; None: a GPU
 
     def __init__(
         self,
@@ -207,6 +206,7 @@ class Engine:
         learn: float = 0.0,
         resident: bool | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        runs_ahead: bool | None = None,
     ):
         entry, arg = registry.parse(draft)
         if not 0 <= learn <= 1:
@@ -260,7 +260,7 @@ class Engine:
         self.resident = on_gpu if resident is None else resident
         # The device runs a queued forward while the host goes on (a GPU's); on the CPU
         # queueing a step's graph computes most of it before it returns.
-        self.runs_ahead = on_gpu if self.RUNS_AHEAD is None else self.RUNS_AHEAD
+        self.runs_ahead = on_gpu if runs_ahead is None else runs_ahead
         self.progress = progress
         self.clock = clock  # the seconds the step modes measure steps by (tests replace it)
         # Per drafter: acceptance by draft position, carried from request to request.
@@ -268,10 +268,6 @@ class Engine:
         # Drafters' step timings on this machine, kept across batches: (drafter, capacity)
         # -> rows -> milliseconds (FeatureHeadDrafter.step_cost).
         self.step_ms: dict[tuple[str, int], dict[int, float]] = {}
-        # The resident loop's step times by rows and chain length, kept across batches.
-        self.loop_times = LoopTimes()
-        # rows (a power of two) -> ms of a pipelined forward by tokens per row (`pipelined`)
-        self._pipelined: dict[int, Callable[[int], float]] = {}
         # Per job: the suffix index of its finished answers (`suffix` drafting).
         self.corpora = Corpora()
 
@@ -327,15 +323,6 @@ class Engine:
             return self._draft_cost
         return self.draft_surface(rows, rows) / self.surface(batch, batch)
 
-    def pipelined(self, rows: int, pad: int | None = None) -> Callable[[int], float]:
-        """Milliseconds of a forward of `rows` rows by its tokens per row, queued back to
-        back as a double-buffered loop runs it (`costs.pipelined_verify`): timed once per
-        power of two of rows, at that power."""
-        b = LoopTimes._bucket(rows)
-        if b not in self._pipelined:
-            self._pipelined[b] = pipelined_verify(self.target.model, b, pad)
-        return self._pipelined[b]
-
     def carried(self, drafter: Drafter, loop: bool = False) -> AcceptanceStats:
         """The drafter's acceptance by draft position, carried across requests. `loop`: the
         resident loop's, kept apart: the loop verifies the head's whole chain on every row,
@@ -389,27 +376,6 @@ class Engine:
 class Batch:
     """One continuous batch: rows join from a queue, decode, and leave as they finish."""
 
-    MEASURE_PREFILL_ONLY = False  # True: a step that only prefilled counts in the step modes
-    MEASURE_ENTRIES = False  # True: a double-buffered kind's entry counts in a trial too
-    # True: the loop's chain length priced by its own timed steps (`LoopTimes`, measured and
-    # printed either way) once two lengths are timed, and an untimed neighbour of the best
-    # explored. Off: on an H100 (2026-12-07) the exploring and the switches it made cost more than
-    # the choice gained: `head` 1.37x none timed against 1.39x at batch 1, 1.12x against 1.17x
-    # at 49 rows, `auto` 1.27x / 1.31x and 1.00x / 1.05x, medians of 5 interleaved rounds.
-    LOOP_TIMED = False
-    # True: the loop's chain lengths priced by forwards timed back to back, as the loop runs
-    # them (`costs.pipelined_verify`, once per engine and power of two of rows), not by the
-    # surface's synchronized ones. Off: on an H100 (2026-12-07, 196 open items at 64 rows) it
-    # chose chains of one, which ran within the rounds' spread of the model's chains of two
-    # (`head` 1.44x none against 1.42x, medians of 3; docs/performance.md).
-    LOOP_PIPELINED = False
-    # True: a step of the loop's kind where rows are joining drafts with the head, host-synced;
-    # off, it verifies one token a row (`_host_drafters`). On: on an H100 (2026-12-07, 196
-    # open items at 64 rows, 5 rotated rounds) `head` ran 1.34x none with it and 1.31x
-    # without, `auto` 1.59x and 1.58x: the drafting join steps cost 14.7 ms against 12.1 and
-    # their drafts gave the rows decoding 0.8 tokens more.
-    LOOP_JOINS_DRAFT = True
-
     def __init__(self, engine: Engine, capacity: int):
         self.engine = engine
         self.target = engine.target
@@ -426,7 +392,6 @@ class Batch:
         self._lag: tuple[list[Sequence], mx.array] | None = None  # plain decoding's last step
         self._loop: ResidentLoop | None = None  # the resident loop, while rows run it
         self._chain: tuple[int, int] | None = None  # the loop's chain length, when chosen
-        self._loop_t: float | None = None  # when the loop's last step began (LoopTimes)
         self._probe = (0, LOOP_PROBE)  # the step a chain last ran from, steps until a probe
         self.loop_steps: Counter[int] = Counter()  # the loop's steps by chain length
         # per slot, its row's first prompt tokens (-1 beyond them): `_shared` compares them
@@ -562,10 +527,10 @@ class Batch:
                 # time whatever kind is current: it measures no kind. Counted, it charged
                 # a job's whole first wave of prompts to the kind whose block came first,
                 # and at batch 1 each request's prompt to the block it fell in.
-                if decoding or self.MEASURE_PREFILL_ONLY:
+                if decoding:
                     rows = self.active
                     evidence = sum(d.evidence() for d in self.drafters)
-                    entry = self._entry and self.engine.runs_ahead and not self.MEASURE_ENTRIES
+                    entry = self._entry and self.engine.runs_ahead
                     self.modes.observe(self._mode, tokens, seconds, rows, evidence, entry)
             if self.engine.learner is not None:
                 self.engine.learner.tick()
@@ -764,7 +729,7 @@ class Batch:
           of `suffix` alone, where plain steps took 10-12.
         - the loop's kind (also the head's alone, without step modes) in a step where the
           loop cannot run only because rows are joining (admitted, prefilling): the head,
-          unless `LOOP_JOINS_DRAFT` is off (then none: one token a row)."""
+          host-synced (docs/decisions.md: its drafts paid for the join steps' cost)."""
         if self.modes is None and self._mode != "loop":
             return self.drafters
         if self._mode == "plain":
@@ -773,8 +738,7 @@ class Batch:
         if head is None:
             return self.drafters
         if self._mode == "loop":
-            joining = not any(s is not None and s.params.needs_host for s in self.rows)
-            return [] if joining and not self.LOOP_JOINS_DRAFT else [head]
+            return [head]
         return [d for d in self.drafters if d is not head]
 
     def _resident_ok(self) -> bool:
@@ -792,14 +756,10 @@ class Batch:
         the head's acceptance by draft position in the loop (`Engine.carried(head,
         loop=True)`: carried across the engine's requests and measured by the loop as it
         runs) and this machine's costs at the rows the loop runs: the verify surface's width
-        cost and the head's depths, timed (with `LOOP_TIMED`, the loop's own steps once
-        timed: `Engine.loop_times`, a length's steps as run against another's). 0 where no
-        chain beats plain steps. Chosen again every `LOOP_CHOOSE_EVERY` steps; a chosen
-        length changes (leaving the loop and entering it again: one step's sync) only for a
-        predicted gain of `LOOP_SWITCH` or more, so near-ties do not make it flap. With
-        `LOOP_TIMED`, a length next to the best one that has not been timed at these rows
-        runs for one choice's steps where it is predicted within `LOOP_EXPLORE` of the best,
-        so that a model that misprices a depth is found out next to its choice.
+        cost and the head's depths, timed. 0 where no chain beats plain steps. Chosen again
+        every `LOOP_CHOOSE_EVERY` steps; a chosen length changes (leaving the loop and
+        entering it again: one step's sync) only for a predicted gain of `LOOP_SWITCH` or
+        more, so near-ties do not make it flap.
 
         Where no chain pays, the loop's acceptance is no longer measured (plain steps
         draft nothing), so a job whose first rows the head drafted badly for would never
@@ -812,22 +772,10 @@ class Batch:
             return self.engine.k
         if self._chain is not None and self.steps - self._chain[1] < LOOP_CHOOSE_EVERY:
             return self._chain[0]
-        rows = self._loop_rows()
         speedups = self.loop_speedups()
         k = int(np.argmax(speedups))
-        timed = self._loop_timed(rows)
-        near = [
-            n
-            for n in (k - 1, k + 1)
-            if k
-            and 1 <= n < len(speedups)
-            and n not in timed
-            and speedups[n] >= LOOP_EXPLORE * speedups[k]
-        ]
         since, wait = self._probe
-        if k in timed and near:
-            k = max(near, key=lambda n: speedups[n])
-        elif k == 0 and self.steps - since >= wait:  # a probe
+        if k == 0 and self.steps - since >= wait:  # a probe
             k = 1 + int(np.argmax(speedups[1:]))
             self._probe = (self.steps, min(2 * wait, LOOP_PROBE_MAX))
         elif self._chain is not None and speedups[k] < LOOP_SWITCH * speedups[self._chain[0]]:
@@ -849,33 +797,11 @@ class Batch:
         head = self._loop_head
         rows = self._loop_rows()
         draft, verify = head.step_cost(rows), self.engine.surface.verify_cost(rows)
-        if self.LOOP_PIPELINED:
-            # At the power of two of rows its forwards were timed at, in pipelined plain
-            # steps: a depth's ms (its cost in the surface's plain steps, times theirs).
-            b = LoopTimes._bucket(rows)
-            ms = self.engine.pipelined(b, self.cache.pad)
-            draft = head.step_cost(b) * self.engine.surface(b, b) / ms(1)
-            verify = lambda width: ms(width) / ms(1)  # noqa: E731
-        return chain_speedups(
-            self.engine.carried(head, loop=True).gains(K_MAX),
-            draft,
-            verify,
-            self._loop_timed(rows),
-        )
-
-    def _loop_timed(self, rows: int) -> dict[int, float]:
-        """The loop's step seconds by chain length at `rows`, as timed (`LoopTimes`)."""
-        return self.engine.loop_times.measured(rows) if self.LOOP_TIMED else {}
+        return chain_speedups(self.engine.carried(head, loop=True).gains(K_MAX), draft, verify)
 
     def _step_resident(self) -> list[GenerationResult]:
         """A step of the resident loop: the next one queued, then the one before it read
-        and committed while this one runs. From the loop's third step on, the time since
-        the last one began is a step's time at its chain length (`Engine.loop_times`): the
-        entry drafts host-synced, and the step after it reads the entry's."""
-        now = time.perf_counter()
-        if self._loop is not None and self._loop_t is not None:
-            self.engine.loop_times.add(self._loop_rows(), self._loop.k, now - self._loop_t)
-        self._loop_t = now if self._loop is not None else None
+        and committed while this one runs."""
         if self._loop is None:  # entering: the head drafts the first tokens as usual
             self._read_lag()
             decode = [s for s in self.rows if s is not None and s.decoding]
@@ -935,7 +861,6 @@ class Batch:
         """Read and commit the loop's step in flight; the head reads on as after a verify."""
         step = self._loop.drain()
         self._loop = None
-        self._loop_t = None
         if step is not None:
             with self._drain("loop"):
                 self._commit_loop(step, last=True)

@@ -14,7 +14,6 @@ from core.engine.costs import (
     load_or_measure,
     machine_key,
     measure_surface,
-    pipelined_verify,
 )
 
 S = CostSurface((1, 4, 16), (1, 2, 4), ((10, 11, 13), (12, 16, 24), (30, 55, 100)))
@@ -44,26 +43,6 @@ def test_measured_surface_is_positive_and_monotone(make_tiny):
     for row in s.ms:
         assert list(row) == sorted(row)
     assert all(a <= b for a, b in zip(s.ms[0], s.ms[1], strict=True))
-
-
-def test_pipelined_forwards_are_timed_a_step_each_of_several_queued(make_tiny):
-    """`STEPS` calls are queued per timing and the time is a step's, not the queue's; the
-    pipelined cost of a forward grows with its tokens per row and goes on past the widths
-    timed."""
-    calls = []
-    clock = FakeClock()
-
-    def run():
-        calls.append(1)
-        clock.now += 0.01  # each call takes 10 ms
-        return mx.zeros(1)
-
-    ms = interleaved_ms([run, run], repeats=2, steps=costs.STEPS, clock=clock)
-    assert len(calls) == 2 * (1 + 2 * costs.STEPS)
-    assert ms == pytest.approx([10.0, 10.0])  # a call's share, not the queue's 80 ms
-    cost = pipelined_verify(make_tiny(0).model, 4, context=8)
-    widths = [cost(w) for w in (1, 2, 3, 4, 6, 8, 12)]
-    assert widths[0] > 0 and widths == sorted(widths)
 
 
 def test_a_burst_of_load_slows_one_round_not_one_runs_every_timing():

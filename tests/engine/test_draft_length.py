@@ -10,7 +10,6 @@ from core.engine.draft_length import (
     PROBE_EVERY,
     WARMUP,
     AcceptanceStats,
-    LoopTimes,
     Offer,
     RowPolicy,
     allocate,
@@ -49,49 +48,6 @@ def test_chain_speedups_price_each_length_by_its_acceptance_and_costs():
     assert int(np.argmax(chain_speedups(gains, 0.0))) == 3
     assert int(np.argmax(chain_speedups(gains, 0.01, CPU.verify_cost(64)))) == 0
     assert chain_speedups(gains, 0.01, CPU.verify_cost(1))[1] == pytest.approx(1.9 / 1.121, 1e-3)
-
-
-def test_measured_step_times_price_chain_lengths_against_each_other():
-    """One length timed changes nothing. Two timed: their costs against each other are the
-    measured ones (here chains of two cost 1.5 of chains of one a step, where the model
-    priced them at 1.2 / 1.1), at the model's level; an untimed length moves as far as its
-    nearest timed one did."""
-    gains = [0.6, 0.5, 0.1]
-    model = chain_speedups(gains, 0.1)
-    assert int(np.argmax(model)) == 2
-    assert chain_speedups(gains, 0.1, measured={2: 0.0102}) == pytest.approx(model)
-    s = chain_speedups(gains, 0.1, measured={1: 0.0067, 2: 0.0102, 9: 1.0})
-    assert int(np.argmax(s)) == 1
-    cost = (1 + np.cumsum(gains)) / s[1:]
-    assert cost[1] / cost[0] == pytest.approx(10.2 / 6.7)
-    scale = (0.0067 / 1.1 + 0.0102 / 1.2) / 2  # seconds a plain step: the median of two
-    assert cost[0] == pytest.approx(0.0067 / scale)
-    assert cost[2] - cost[1] == pytest.approx(1.3 - 1.2)  # k = 3 moved as k = 2 was
-
-
-def test_loop_times_are_the_median_of_the_recent_steps_by_rows_and_length():
-    t = LoopTimes()
-    for s in (0.023, 0.012, 0.013):
-        t.add(49, 2, s)
-    assert t.measured(49) == {}  # fewer than ENOUGH steps
-    t.add(64, 2, 0.014)  # 49 and 64 rows: one power of two
-    t.add(33, 1, 0.5)
-    assert t.measured(50) == {2: pytest.approx(0.0135)}
-    assert t.measured(32) == {}
-    for _ in range(LoopTimes.KEEP):
-        t.add(64, 2, 0.007)
-    assert t.measured(64) == {2: 0.007}  # the first, slow steps have left
-    for _ in range(LoopTimes.ENOUGH):
-        t.add(64, 1, 0.005)
-    assert t.measured(64) == {1: 0.005, 2: 0.007}
-    for _ in range(LoopTimes.FRESH - LoopTimes.ENOUGH):
-        t.add(64, 1, 0.005)
-    assert t.measured(64) == {1: 0.005}  # 2's last step is no longer among the fresh ones
-    for _ in range(LoopTimes.ENOUGH - 1):
-        t.add(64, 2, 0.009)
-    assert t.measured(64) == {1: 0.005}  # timed again from scratch: not enough yet
-    t.add(64, 2, 0.009)
-    assert t.measured(64) == {1: 0.005, 2: 0.009}
 
 
 def test_free_width_drafts_every_offered_token():
@@ -570,10 +526,7 @@ def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, monkeypatc
     its own to read: where the device runs ahead of the host, that one, and no other, is
     told to the step modes as an entry; no drafting step ever is (each reads its own). On
     the CPU, where queueing a step computes it, none is."""
-    from core.engine import Engine
     from core.engine.draft_length import StepModes
-
-    monkeypatch.setattr(Engine, "RUNS_AHEAD", ahead)
 
     seen = []
     observe = StepModes.observe
@@ -585,7 +538,7 @@ def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, monkeypatc
     monkeypatch.setattr(StepModes, "observe", recorded)
     monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: many switches of kind
     monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
-    _ngram_batch_on_repetitive_prompts(make_tiny)
+    _ngram_batch_on_repetitive_prompts(make_tiny, runs_ahead=ahead)
     modes = [m for m, _ in seen]
     firsts = [i for i, m in enumerate(modes) if m == "plain" and i > 0 and modes[i - 1] == "draft"]
     assert len(firsts) >= 1  # the first trial's plain block; later switches follow timing

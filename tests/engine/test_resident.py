@@ -7,12 +7,11 @@ and with CUDA's padded all-slot layout."""
 from collections import Counter
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams, LoadedModel, generate
-from core.engine.draft_length import LoopTimes, StepModes
-from core.engine.generate import LOOP_EXPLORE, Batch
+from core.engine.draft_length import StepModes
+from core.engine.generate import Batch
 from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
 
@@ -125,7 +124,6 @@ def test_each_loop_entry_reaches_the_step_modes_as_an_entry(make_tiny, adapter_h
     the step modes as an entry, and no other step of the loop's kind is: each step's flag
     is checked against whether that step entered the loop. Output stays plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(Engine, "RUNS_AHEAD", True)
     monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: the loop is entered again
     monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
     target = make_tiny(3)
@@ -151,7 +149,15 @@ def test_each_loop_entry_reaches_the_step_modes_as_an_entry(make_tiny, adapter_h
     monkeypatch.setattr(Batch, "_step", marked_step)
     monkeypatch.setattr(Batch, "_step_resident", marked_resident)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=40)) for p in WORKLOAD[:4]]
-    eng = Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=True)
+    eng = Engine(
+        target,
+        draft="head",
+        surface=FLAT,
+        batch_size=3,
+        resident=True,
+        step_modes=True,
+        runs_ahead=True,
+    )
     out = _priced(eng, 0.02).generate_many(reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
     assert all(told == bool(was) for told, was in flags), flags
@@ -250,17 +256,12 @@ def test_rows_asking_for_logprobs_and_other_drafters_do_not_run_the_loop(
     assert seen["steps"] == 0
 
 
-@pytest.mark.parametrize("joins_draft", [False, True])
-def test_a_step_where_rows_join_drafts_with_the_head_unless_told_not_to(
-    make_tiny, adapter_home, monkeypatch, joins_draft
-):
+def test_a_step_where_rows_join_drafts_with_the_head(make_tiny, adapter_home, monkeypatch):
     """Seven requests through three rows with the head's loop: a step the loop cannot run
-    because rows are joining drafts with the head, host-synced (`LOOP_JOINS_DRAFT`, the
-    default); with it off, such a step verifies one token a row. A row asking for
-    log-probabilities keeps the head drafting host-synced either way (the loop cannot run
-    while it lives). Output is plain greedy's."""
+    because rows are joining drafts with the head, host-synced. A row asking for
+    log-probabilities keeps the head drafting host-synced too (the loop cannot run while it
+    lives). Output is plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(Batch, "LOOP_JOINS_DRAFT", joins_draft)
     target = make_tiny(3)
     store_head(target)
     drafted = []  # per host-synced step with rows decoding: whether the head drafted
@@ -286,7 +287,7 @@ def test_a_step_where_rows_join_drafts_with_the_head_unless_told_not_to(
     assert sum(batch.loop_steps.values()) > 10
     joins = [d for asks, d in drafted if not asks]
     assert len(joins) >= 3  # rows joined while others decoded
-    assert any(joins) if joins_draft else not any(joins)
+    assert any(joins)
     drafted.clear()
     asked = [(reqs[0][0], GenerationParams(max_tokens=12, logprobs=True)), *reqs[1:3]]
     out = _through(eng.new_batch(), asked)
@@ -338,115 +339,6 @@ def test_the_loops_chain_length_follows_the_machines_costs(make_tiny, adapter_ho
         chains[name], plain[name] = batch.loop_steps, batch.steps - batch.loop_steps.total()
     assert max(chains["free"]) > 1 and chains["free"].total() > 5
     assert not chains["dear"] and plain["dear"] > 20
-
-
-def _times(eng, ms: dict[int, float]) -> None:
-    """The engine's loop with `LoopTimes.ENOUGH` steps timed at `ms` milliseconds for each
-    chain length given, at every row count of a three-row batch."""
-    for rows in (1, 2, 3):
-        for k, t in ms.items():
-            for _ in range(LoopTimes.ENOUGH):
-                eng.loop_times.add(rows, k, t / 1000)
-
-
-def test_the_loop_tries_a_near_length_then_runs_the_fastest_as_timed(
-    make_tiny, adapter_home, monkeypatch
-):
-    """With `LOOP_TIMED`: where the model's best length is timed and a length next to it
-    is predicted nearly as good, untimed, that one runs next; once both are timed, the one
-    whose timed steps give the more tokens a second runs, whatever the model priced.
-    Without it (the default) the model's best runs, however the steps were timed."""
-    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(Batch, "LOOP_TIMED", True)
-    target = make_tiny(3)
-    store_head(target)
-    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
-    batch = eng.new_batch()
-    model = batch.loop_speedups()
-    k = int(np.argmax(model))
-    near = max((k - 1, k + 1), key=lambda n: model[n])
-    assert k >= 2 and model[near] >= LOOP_EXPLORE * model[k]  # (the test's premise)
-
-    def choose() -> int:
-        batch._chain = None
-        return batch._loop_k()
-
-    assert choose() == k  # nothing timed: the model's best
-    _times(eng, {k: 10.0})
-    assert choose() == near
-    _times(eng, {k - 1: 20.0, k + 1: 20.0})  # both neighbours slower a step: k again
-    assert choose() == k
-    eng.loop_times = LoopTimes()  # every length timed, `near` at half of k's time a step
-    _times(eng, {**dict.fromkeys(range(1, 17), 20.0), k: 10.0, near: 5.0})
-    assert choose() == near
-    monkeypatch.setattr(Batch, "LOOP_TIMED", False)
-    assert choose() == k and np.array_equal(batch.loop_speedups(), model)
-
-
-def test_the_loop_prices_chain_lengths_by_pipelined_forwards_where_told(
-    make_tiny, adapter_home, monkeypatch
-):
-    """With `LOOP_PIPELINED`, the loop's chain lengths are priced by forwards timed back to
-    back (`Engine.pipelined`), the head's depths in such steps: where a third token a row
-    costs ten times two, chains of one run, however flat the surface; without it the
-    surface prices them. A batch pricing them so (its forwards timed on this machine) gives
-    plain greedy's output."""
-    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    target = make_tiny(3)
-    store_head(target)
-    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
-    batch = eng.new_batch()
-    model = batch.loop_speedups()
-    assert int(np.argmax(model)) >= 2  # (the test's premise: the flat surface's choice)
-    asked = []
-    monkeypatch.setattr(
-        Engine,
-        "pipelined",
-        lambda self, rows, pad=None: asked.append(rows) or (lambda w: 1.0 if w <= 2 else 10.0),
-    )
-    monkeypatch.setattr(Batch, "LOOP_PIPELINED", True)
-    assert int(np.argmax(batch.loop_speedups())) == 1 and asked
-    monkeypatch.setattr(Batch, "LOOP_PIPELINED", False)
-    assert np.array_equal(batch.loop_speedups(), model)
-    monkeypatch.undo()
-    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(Batch, "LOOP_PIPELINED", True)
-    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
-    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=24)) for p in WORKLOAD[:4]]
-    batch = eng.new_batch()
-    assert [r.tokens for r in _through(batch, reqs)] == _plain(target, reqs)
-    assert eng._pipelined and batch.loop_steps.total() > 0
-
-
-def test_loop_steps_are_timed_by_chain_length_and_the_fastest_runs(
-    make_tiny, adapter_home, monkeypatch
-):
-    """A batch times its loop's steps from each loop's third step on, by the chain length
-    that ran; with chains of one timed far cheaper a step than every longer chain, it runs
-    chains of one only (`LOOP_TIMED`), and output is plain greedy's."""
-    monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(Batch, "LOOP_TIMED", True)
-    target = make_tiny(3)
-    store_head(target)
-    added = Counter()
-    add = LoopTimes.add
-
-    def counted(self, rows, k, seconds):
-        added[k] += 1
-        return add(self, rows, k, seconds)
-
-    monkeypatch.setattr(LoopTimes, "add", counted)
-    eng = _priced(Engine(target, draft="head", surface=FLAT, resident=True, batch_size=3), 0.02)
-    _times(eng, {1: 0.001, **{k: 1000.0 for k in range(2, 17)}})
-    added.clear()
-    seen = _counted(monkeypatch)
-    reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=30)) for p in WORKLOAD[:5]]
-    batch = eng.new_batch()
-    out = _through(batch, reqs)
-    seen = dict(seen)
-    assert [r.tokens for r in out] == _plain(target, reqs)
-    assert set(batch.loop_steps) == {1} and set(added) == {1}
-    assert 0 < added[1] <= seen["steps"] - seen["entries"]
 
 
 def test_where_no_chain_pays_the_loop_still_probes_now_and_then(
