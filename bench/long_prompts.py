@@ -11,7 +11,9 @@ system) pair runs in its own process so peak RSS is that run's alone:
         [--max-tokens 32] [--systems mlx_lm,ours:auto]
 
 Prints one line per document: tokens, TTFT and peak RSS of each system, their ratios, and
-whether the greedy outputs are identical.
+whether the greedy outputs are identical. `--write-job PATH` writes a 64-item job of such
+documents among short prompts instead (examples/jobs/long-mixed-64.jsonl:
+`--tokens 2048,2048,2048,2048,7800,7800,7800,7800`), for `applespec bench --input`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,33 @@ def document(tokenizer, tokens: int) -> list[dict]:
     ids = tokenizer.encode(text)
     body = tokenizer.decode(ids[: max(tokens - 40, 16)])
     return [{"role": "user", "content": f"Summarise this document in one sentence:\n\n{body}"}]
+
+
+def write_mixed_job(path: str, model: str, short_job: str, lengths: list[int]) -> None:
+    """A job of one summary request per length in `lengths` (each a different slice of the
+    licence texts) followed by the short job's lines, to fill 64 rows: what a labeling farm
+    meets when a few long documents come among short prompts."""
+    from core.engine.loading import load_tokenizer
+
+    tokenizer, _ = load_tokenizer(model)
+    text = "\n\n".join((LICENSES / t).read_text(errors="replace") for t in TEXTS)
+    ids = tokenizer.encode(text)
+    lines = []
+    for i, n in enumerate(lengths):
+        start = (i * 1777) % max(len(ids) - n, 1)
+        body = tokenizer.decode(ids[start : start + max(n - 40, 16)])
+        msg = f"Summarise this document in one sentence:\n\n{body}"
+        lines.append(
+            {
+                "custom_id": f"doc-{i + 1}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": msg}], "max_tokens": 64},
+            }
+        )
+    short = [json.loads(x) for x in Path(short_job).read_text().splitlines() if x.strip()]
+    lines += short[: 64 - len(lines)]
+    Path(path).write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def run_one(system: str, model: str, tokens: int, max_tokens: int) -> dict:
@@ -86,7 +115,17 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--systems", default="mlx_lm,ours:auto", help="mlx_lm, ours:DRAFTER")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one system here
+    ap.add_argument(
+        "--write-job",
+        metavar="PATH",
+        help="write a 64-item job of documents of --tokens lengths among short prompts "
+        "(examples/jobs/grounded-64.jsonl) to PATH and stop",
+    )
     a = ap.parse_args()
+    if a.write_job:
+        lengths = [int(x) for x in a.tokens.split(",")]
+        write_mixed_job(a.write_job, a.model, "examples/jobs/grounded-64.jsonl", lengths)
+        return
     if a.one:
         print(json.dumps(run_one(a.one, a.model, int(a.tokens), a.max_tokens)))
         return
