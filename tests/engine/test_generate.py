@@ -296,11 +296,16 @@ def test_a_request_that_cannot_fit_alone_fails_before_it_runs(make_tiny):
     assert [r.tag for r in batch.run()] == ["fits"]
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "tree", "early-exit:1", "head:3", "auto"])
-def test_long_rows_in_lanes_beside_short_rows_stay_lossless(drafter, make_tiny):
+@pytest.mark.parametrize(
+    "drafter,pad",
+    [(d, "0") for d in ("none", "ngram", "tree", "early-exit:1", "head:3", "auto")]
+    + [(d, "8") for d in ("none", "ngram", "head:3")],
+)
+def test_long_rows_in_lanes_beside_short_rows_stay_lossless(drafter, pad, make_tiny, monkeypatch):
     """Rows past `lane_from` positions keep their cache in lanes of their own (grown chunk by
     chunk while prefilling) beside the dense block's short rows, joining and leaving: each
-    row equals itself alone."""
+    row equals itself alone; with padded reads (the CUDA layout, `pad` 8) too."""
+    monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(5)
     long = [target.encode_prompt(PROMPTS[i] * (6 + 3 * i)) for i in (1, 2)]  # 300-800 tokens
     reqs = [
@@ -310,7 +315,9 @@ def test_long_rows_in_lanes_beside_short_rows_stay_lossless(drafter, make_tiny):
         (target.encode_prompt(PROMPTS[3]), GenerationParams(max_tokens=16)),
         (long[0], GenerationParams(max_tokens=14)),  # shares the first's prefix: copied
     ]
+    monkeypatch.setenv("APPLESPEC_KV_PAD", "0")
     want = [plain(target, p, q) for p, q in reqs]
+    monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     eng = engine(target, drafter, make_tiny, batch=3, lane_from=100, prefill_tokens=64)
     batch = eng.new_batch()
     lanes_seen = []
