@@ -55,7 +55,7 @@ from .draft_length import (
 from .drafters.base import Draft, Drafter
 from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.suffix import Corpora
-from .grammar import apply_masks, compile_format
+from .grammar import apply_masks, compile_format, segment_masks
 from .loading import load_model
 from .metrics import RequestMetrics
 from .model import LoadedModel
@@ -1579,7 +1579,7 @@ class StepPlan:
         adjust: list[tuple[int, int, float]] = []
         lp_k: int | None = None
         mask_nodes: list[int] = []
-        mask_bits: list[np.ndarray] = []
+        masked: list[tuple[Any, list[int], list[int]]] = []  # (row grammar, nodes, parents)
         for r, (i, _slot) in enumerate(entries):
             if i is None:  # a dummy: one token, its logits unused
                 tokens.append([0])
@@ -1613,10 +1613,8 @@ class StepPlan:
                 host = node_tokens
                 if isinstance(draft.tokens if draft is not None else None, mx.array):
                     host = [s.pending] + (draft.tokens[j, :k].tolist() if k else [])
-                bits = s.grammar.masks(host, node_parents)
-                s.grammar.single = [_single(b) for b in bits]
+                masked.append((s.grammar, host, node_parents))
                 mask_nodes += range(len(params), len(params) + len(host))
-                mask_bits.append(bits)
             if s.params.adjusts or s.params.logprobs:
                 node0 = len(params)
                 if s.params.logprobs:
@@ -1635,6 +1633,9 @@ class StepPlan:
             params += [s.params] * (k + 1)
             seeds += [s.seed] * (k + 1)
             positions += [len(s.history) + dd for dd in _depths(node_parents)]
+        mask_bits = segment_masks(masked) if masked else []
+        for (g, _, _), bits in zip(masked, mask_bits, strict=True):
+            g.single = [_single(b) for b in bits]
         ids = None
         if dev_src:  # drafts still on the device: place them into the packed ids
             w = max(sizes)
@@ -1680,7 +1681,9 @@ class StepPlan:
 
 def _single(bits: np.ndarray) -> bool:
     """Whether a node's mask allows one token only (the grammar forces it)."""
-    return int(np.unpackbits(bits.view(np.uint8)).sum()) == 1
+    words = bits.view(np.uint32)
+    words = words[words != 0]
+    return len(words) == 1 and int(words[0]) & (int(words[0]) - 1) == 0
 
 
 def _depths(parents: list[int]) -> list[int]:

@@ -109,6 +109,55 @@ class RowGrammar:
         return out
 
 
+def segment_masks(rows: list[tuple[RowGrammar, list[int], list[int]]]) -> list[np.ndarray]:
+    """`RowGrammar.masks` of many rows at once: (row, node tokens, parents) -> each row's
+    (nodes, W) bitmasks. Chains are computed by llguidance's executor in one call (in
+    parallel over rows, the matcher advanced along each draft and rolled back inside it);
+    trees row by row."""
+    import llguidance.numpy as llnp
+
+    t0 = time.perf_counter()
+    chains = [i for i, (_, _, p) in enumerate(rows) if p == list(range(-1, len(p) - 1))]
+    out: list[np.ndarray | None] = [None] * len(rows)
+    if chains:
+        words = rows[chains[0]][0].grammar.words
+        total = sum(len(rows[i][1]) for i in chains)
+        bits = np.full((total, words), -1, np.int32)  # nodes past a disallowed one: all
+        drafted, alone, at = [], [], 0  # (llguidance refuses an empty draft)
+        for i in chains:
+            g, tokens, _ = rows[i]
+            if len(tokens) > 1:
+                drafted.append((g.matcher, at, tokens[1:]))
+            else:
+                alone.append((g.matcher, at))
+            out[i] = bits[at : at + len(tokens)]
+            at += len(tokens)
+        if drafted:
+            llnp.fill_next_token_bitmask_par_with_draft_tokens(_executor(), drafted, bits)
+        if alone:
+            llnp.fill_next_token_bitmask_par(_executor(), alone, bits)
+        share = (time.perf_counter() - t0) / len(chains)
+        for i in chains:
+            rows[i][0].mask_s += share
+    for i, (g, tokens, parents) in enumerate(rows):
+        if out[i] is None:
+            out[i] = g.masks(tokens, parents)
+    return out  # type: ignore[return-value]
+
+
+_executors: list[Any] = []
+
+
+def _executor() -> Any:
+    """llguidance's thread pool for masks, made once per process."""
+    import llguidance
+
+    with _lock:
+        if not _executors:
+            _executors.append(llguidance.LLExecutor())
+        return _executors[0]
+
+
 def apply_masks(logits: mx.array, nodes: list[int], bits: np.ndarray) -> mx.array:
     """(M, V) logits with -inf wherever `bits` (one row per node in `nodes`) disallows a
     token; other rows unchanged. Bit t of word w allows token 32 * w + t."""
