@@ -31,6 +31,10 @@ import numpy as np
 
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 JSON_OBJECT = {"type": "object"}  # `json_object`: any JSON object
+# Added to a disallowed token's logit: its probability underflows to exactly 0 in float32,
+# so argmax, softmax and the sampling race treat it as -inf, and a log-probability of it
+# stays a finite number (JSON has no -inf).
+MASKED = -1e30
 
 
 class GrammarError(ValueError):
@@ -159,21 +163,23 @@ def _executor() -> Any:
 
 
 def apply_masks(logits: mx.array, nodes: list[int], bits: np.ndarray) -> mx.array:
-    """(M, V) logits with -inf wherever `bits` (one row per node in `nodes`) disallows a
-    token; other rows unchanged. Bit t of word w allows token 32 * w + t."""
+    """(M, V) logits with `MASKED` added wherever `bits` (one row per node in `nodes`)
+    disallows a token; other rows unchanged. Bit t of word w allows token 32 * w + t.
+
+    The bits are unpacked on the host (numpy) and added on the device as one (M, V) mask:
+    on this CPU `mx.where` over 64 rows of 49152 tokens took 14-22 ms, the add 2 ms."""
     if not nodes:
         return logits
-    V = logits.shape[-1]
-    words = mx.array(bits)  # (n, W)
-    shifts = mx.arange(32, dtype=mx.int32)
-    allowed = ((words[:, :, None] >> shifts) & 1).reshape(len(nodes), -1)[:, :V]  # (n, V)
-    if allowed.shape[1] < V:  # tokens past the tokenizer's vocabulary: never allowed
-        pad = mx.zeros((len(nodes), V - allowed.shape[1]), allowed.dtype)
-        allowed = mx.concatenate([allowed, pad], axis=1)
-    logits = logits.astype(mx.float32)
-    idx = mx.array(nodes, dtype=mx.int32)
-    logits[idx] = mx.where(allowed.astype(mx.bool_), logits[idx], -mx.inf)
-    return logits
+    M, V = logits.shape
+    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :V]  # (n, <=V)
+    if len(nodes) == M and allowed.shape[1] == V and nodes == list(range(M)):
+        keep = np.ascontiguousarray(allowed)
+    else:
+        keep = np.ones((M, V), np.uint8)
+        keep[nodes] = 0  # tokens past the tokenizer's vocabulary: never allowed
+        keep[np.asarray(nodes)[:, None], np.arange(allowed.shape[1])] = allowed
+    keep = mx.array(keep).astype(mx.float32)
+    return logits.astype(mx.float32) + (1.0 - keep) * MASKED
 
 
 # -- compiling, cached per process -------------------------------------------------------
