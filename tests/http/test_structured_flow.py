@@ -8,6 +8,8 @@ import json
 import jsonschema
 import pytest
 
+from tests.worker.service import cli_ok
+
 from .flow import request_line, wait_done, write_jsonl
 
 pytestmark = pytest.mark.service
@@ -53,6 +55,8 @@ def test_response_format_batch_flow(farm):
     obj = results["obj"]["response"]["body"]["choices"][0]
     if obj["finish_reason"] == "stop":  # a random model may fill the object past 200 tokens
         assert isinstance(json.loads(obj["message"]["content"]), dict)
+    status = json.loads(cli_ok(farm.env, "status", batch.id, "--json"))["metrics"]
+    assert status["forced_tokens"] > 0 and status["mask_s"] > 0  # summed over the items
     (error,) = map(json.loads, client.files.content(batch.error_file_id).text.splitlines())
     assert error["custom_id"] == "bad"
     assert error["error"]["code"] == "invalid_response_format"
