@@ -26,6 +26,7 @@ like with like.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import platform
@@ -412,11 +413,11 @@ def run_bench(
                 row.mask_s += r.timing.get("mask_s", 0.0)
         progress(f"{row.name}: {row.tokens / seconds:.1f} tok/s")
 
-    def ours(spec: str, bs: int, free: bool = False):
+    def ours(spec: str, bs: int, free: bool = False, job_items: list[Item] = items):
         engine = Engine(target, draft=spec, surface=surface, batch_size=bs, **kw)
         engine.acceptance = {}  # every configuration starts from the same priors
 
-        def fn(job=items):
+        def fn(job=job_items):
             engine.acceptance = {}
             finished: list = []
             res = engine.generate_many(
@@ -472,8 +473,18 @@ def run_bench(
             for bs in our_batches:
                 timed(f"{label}_{bs}", bs, ours(spec, bs))
     if "ours_batched_free" in want and any(it.response_format for it in items):
-        for bs in our_batches:  # plain decoding with every response_format dropped
-            timed(f"ours_batched_free_{bs}", bs, ours("none", bs, free=True))
+        # Plain decoding with every response_format dropped, each item capped at its
+        # constrained answer's length (plain's, at this batch size, when it ran): both rows
+        # then decode as many tokens after the same prompts, and their ratio is the masks'.
+        for bs in our_batches:
+            plain = next((r for r in rows if r.name == f"ours_batched_{bs}"), None)
+            capped = items
+            if plain is not None:
+                capped = [
+                    dataclasses.replace(it, max_tokens=max(1, min(it.max_tokens, len(out))))
+                    for it, out in zip(items, plain.outputs, strict=True)
+                ]
+            timed(f"ours_batched_free_{bs}", bs, ours("none", bs, True, capped))
     for _ in range(repeat - 1):
         for row, fn in plan:
             _round(row, fn)
@@ -656,7 +667,8 @@ def format_table(result: dict) -> str:
     if result.get("constrained_items"):
         lines.append(
             f"structured output: {result['constrained_items']} items with a response_format "
-            "(ours_batched_free: the same job with them dropped)"
+            "(ours_batched_free: the same job with them dropped, each answer capped at its "
+            "constrained length)"
         )
         for r in result["rows"]:
             if "valid_answers" in r and "config" not in r:
