@@ -16,6 +16,7 @@ ROWS = (
     "ours_single_spec",
     "ours_batched",
     "ours_batched_spec",
+    "ours_batched_free",  # plain, every response_format dropped (jobs that have them)
 )
 DEFAULT_ROWS = ("mlx_lm", "ours_single", "ours_single_spec", "ours_batched", "ours_batched_spec")
 
@@ -122,6 +123,11 @@ def bench(
       applespec bench --input examples/jobs/grounded-64.jsonl
       applespec bench --input job.jsonl --batch-sizes 16,32 --rows mlx_lm,ours_batched_spec --json
       applespec bench --input job.jsonl --draft suffix --also-draft ngram --rows ours_batched_spec
+      applespec bench --input examples/jobs/labeling-json-64.jsonl --reference ours_single
+
+    Lines with a `response_format` are constrained in every row (mlx-lm's through a logits
+    processor with the same grammar engine) but `ours_batched_free`, which drops them; the
+    table then counts the answers valid under their schema.
     """
     import mlx.core as mx
 

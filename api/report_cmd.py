@@ -35,6 +35,8 @@ SUMMARY_ROWS = (
     ("metrics.engine_tokens_per_s", "tokens/s (engine)"),
     ("metrics.acceptance_rate", "acceptance rate"),
     ("metrics.mean_accepted_length", "mean accepted length"),
+    ("metrics.forced_tokens", "tokens forced by the schema"),
+    ("metrics.mask_s", "grammar mask time (s)"),
 )
 
 

@@ -123,6 +123,8 @@ def _status_line(summary: dict[str, Any]) -> str:
         line += f"; acceptance {m['acceptance_rate']:.2f}"
     if m["mean_accepted_length"]:
         line += f", mean accepted length {m['mean_accepted_length']:.2f}"
+    if m.get("forced_tokens") is not None:
+        line += f"; {m['forced_tokens']} tokens forced by the schema, {m['mask_s']:.2f} s in masks"
     return line
 
 

@@ -69,6 +69,7 @@ ENGINE_SUPPORTED = frozenset(
         "frequency_penalty",
         "presence_penalty",
         "logit_bias",
+        "response_format",
     }
 )
 # Recognised body fields the engine may never take, with the values that mean "off".
@@ -294,6 +295,7 @@ def parse_job(
     limits: JobLimits | None = None,
     aliases: Mapping[str, str] | None = None,
     strict_models: bool = False,
+    check_format: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[JobRequest], list[LineError]]:
     """Validate a job file's lines, one at a time (the input may be a stream).
 
@@ -312,6 +314,9 @@ def parse_job(
             A body naming an alias of another model than the job's is `model_not_found`.
         strict_models: a body "model" that is none of `model_names` (nor an alias of them)
             is `model_not_found`; otherwise it runs on the job's model.
+        check_format: raises ValueError naming what is unsupported in a `response_format`
+            (compiles its grammar: needs the tokenizer); the line's error is then
+            `invalid_response_format`.
 
     Returns:
         The valid requests in file order, and one LineError per bad line.
@@ -352,6 +357,8 @@ def parse_job(
             request = _parse_request(number, custom_id, obj, context)
             if count_tokens is not None:
                 _check_tokens(request, count_tokens, context_length)
+            if check_format is not None and request.params.get("response_format"):
+                _check_format(request, check_format)
             requests.append(request)
         except _Bad as bad:
             errors.append(LineError(number, custom_id, bad.code, f"line {number}: {bad.message}"))
@@ -708,6 +715,16 @@ def _check_tokens(
         )
 
 
+def _check_format(request: JobRequest, check: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        check(request.params["response_format"])
+    except ValueError as e:
+        raise _Bad(
+            "invalid_response_format",
+            f"response_format cannot be followed: {_clip(str(e), 300)}",
+        ) from None
+
+
 def _check_overrides(overrides: Mapping[str, Any], limits: JobLimits) -> None:
     """Raise ValueError, naming the option, for an out-of-range command-line override."""
     for name, value in overrides.items():
@@ -942,8 +959,15 @@ def validate_for(
         overrides=overrides,
         count_tokens=lambda r: len(prompt_tokens(target, r)),
         context_length=target.context_length,
+        check_format=lambda rf: _grammar_check(rf, target),
         **options,
     )
+
+
+def _grammar_check(response_format: dict[str, Any], target: Any) -> None:
+    from core.engine.grammar import check_format
+
+    check_format(response_format, target.tokenizer)
 
 
 def generation_params(request: JobRequest) -> Any:

@@ -8,9 +8,11 @@ same lines, each line a different input (and prompt length):
 - open: questions, stories, emails and code — little to copy;
 - labeling: one task for the whole job, as a labeling pipeline sends it: every line labels
   a different support ticket and every answer is the same JSON shape (the suffix drafter's
-  workload: the answers' text recurs across items, not in each item's own prompt).
+  workload: the answers' text recurs across items, not in each item's own prompt);
+- labeling-json: the labeling tickets, each line with one `response_format` JSON schema
+  (category and urgency enums, the customer's name): structured output's workload.
 
-    python examples/make_jobs.py            # grounded-64, grounded-256, open-64, labeling-64
+    python examples/make_jobs.py            # grounded-64/256, open-64, labeling-64, labeling-json-64/256
     python examples/make_jobs.py --kind grounded --items 1000 -o big.jsonl
 """
 
@@ -215,6 +217,23 @@ def labeling(r: random.Random) -> tuple[str, str]:
     )
 
 
+# labeling-json: the labeling job with OpenAI structured output, one schema for every line.
+LABEL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "category": {"enum": ["billing", "shipping", "technical", "account"]},
+        "urgency": {"enum": ["low", "medium", "high"]},
+        "customer": {"type": "string", "minLength": 1, "maxLength": 24},
+    },
+    "required": ["category", "urgency", "customer"],
+    "additionalProperties": False,
+}
+LABEL_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "ticket_label", "schema": LABEL_SCHEMA, "strict": True},
+}
+
+
 def open_prompt(r: random.Random) -> tuple[str, str]:
     kind = r.randrange(4)
     if kind == 0:
@@ -227,6 +246,9 @@ def open_prompt(r: random.Random) -> tuple[str, str]:
 
 
 def job_lines(kind: str, items: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
+    structured = kind == "labeling-json"
+    if structured:
+        kind = "labeling"  # the same tickets as labeling-N, each line with LABEL_FORMAT
     r = random.Random(f"{kind}-{seed}")
     make = {"grounded": grounded, "open": open_prompt, "labeling": labeling}[kind]
     out = []
@@ -239,8 +261,10 @@ def job_lines(kind: str, items: int, seed: int = 0, max_tokens: int = 96) -> lis
             "temperature": 0,
             "metadata": {"category": category},  # OpenAI's free-form body field
         }
+        if structured:
+            body["response_format"] = LABEL_FORMAT
         line = {
-            "custom_id": f"{kind}-{i + 1}",
+            "custom_id": f"{'labeling-json' if structured else kind}-{i + 1}",
             "method": "POST",
             "url": "/v1/chat/completions",
             "body": body,
@@ -251,7 +275,7 @@ def job_lines(kind: str, items: int, seed: int = 0, max_tokens: int = 96) -> lis
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=["grounded", "open", "labeling"])
+    ap.add_argument("--kind", choices=["grounded", "open", "labeling", "labeling-json"])
     ap.add_argument("--items", type=int)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("-o", "--output")
@@ -265,6 +289,8 @@ def main() -> None:
             ("grounded", 256, None),
             ("open", 64, None),
             ("labeling", 64, None),
+            ("labeling-json", 64, None),
+            ("labeling-json", 256, None),
         ]
     )
     for kind, items, out in wanted:

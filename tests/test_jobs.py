@@ -123,7 +123,6 @@ BAD_LINES = [
     (chat(seed=2**64), "invalid_parameter", "body.seed"),
     (chat(max_tokens=40_000), "invalid_parameter", "above this farm's limit of 32768"),
     (chat(max_tokens=5, max_completion_tokens=6), "invalid_parameter", "disagree"),
-    (chat(response_format={"type": "json_object"}), "unsupported_parameter", "response_format"),
     (chat(stream=True), "unsupported_parameter", "body.stream"),
     (chat(tools=[{"type": "function"}]), "unsupported_parameter", "body.tools"),
     (
@@ -365,7 +364,7 @@ def test_a_field_the_lead_adds_to_the_set_flows_into_params(monkeypatch):
     assert request.params["stop"] == ["\n\n", [13]] and request.params["n"] == 3
 
 
-def test_run_request_never_drops_a_parameter_the_engine_lacks():
+def test_run_request_never_drops_a_parameter_the_engine_lacks(monkeypatch):
     class Engine:
         target = type("T", (), {"encode_prompt": lambda self, p: [1, 2]})()
 
@@ -374,8 +373,10 @@ def test_run_request_never_drops_a_parameter_the_engine_lacks():
 
     request = JobRequest(1, "a", prompt="p")
     assert run_request(Engine(), request).max_tokens == 256
-    request.params["response_format"] = {"type": "json_object"}
-    with pytest.raises(ValueError, match="does not take 'response_format'"):
+    later = jobs.Param(None, "anything", lambda v, _url: v)  # a field the engine lacks
+    monkeypatch.setattr(jobs, "PARAMS", {**jobs.PARAMS, "later": later})
+    request.params["later"] = 1
+    with pytest.raises(ValueError, match="does not take 'later'"):
         run_request(Engine(), request)
 
 
@@ -531,7 +532,7 @@ def test_output_lines_follow_the_batch_format():
 
 def test_openai_sampling_fields_reach_the_engine():
     """stop, n, logprobs, top_logprobs, penalties and logit_bias are parsed, normalized and
-    handed to the engine's GenerationParams (response_format is still refused)."""
+    handed to the engine's GenerationParams."""
     from core.jobs import generation_params
 
     line = chat(
@@ -563,3 +564,33 @@ def test_the_example_job_files_are_valid_jobs():
         requests, errors = parse_job(path.read_text().splitlines())
         assert not errors, (path.name, errors[:1])
         assert len(requests) >= 64
+
+
+def test_response_format_reaches_the_engine_and_bad_schemas_are_per_line_errors():
+    """A schema llguidance cannot follow is `invalid_response_format` naming what (checked
+    with the tokenizer alone); the other lines, json_object and a good schema, are kept."""
+    from core.jobs import generation_params, tokenizer_target, validate_for
+
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+    good = {"type": "json_schema", "json_schema": {"name": "g", "schema": schema, "strict": True}}
+    lines = [
+        chat("obj", response_format={"type": "json_object"}),
+        chat("good", response_format=good),
+        chat(
+            "not", response_format={"type": "json_schema", "json_schema": {"schema": {"not": {}}}}
+        ),
+        chat(
+            "fmt",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "f", "schema": {"type": "string", "format": "isbn"}},
+            },
+        ),
+        chat("text", response_format={"type": "text"}),
+    ]
+    requests, errors = validate_for(lines, "tiny-random", tokenizer_target("tiny-random"))
+    assert [r.custom_id for r in requests] == ["obj", "good", "text"]
+    assert [e.code for e in errors] == ["invalid_response_format"] * 2
+    assert "not" in errors[0].message and "isbn" in errors[1].message
+    assert generation_params(requests[1]).response_format == good
+    assert generation_params(requests[2]).response_format is None

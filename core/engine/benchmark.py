@@ -26,6 +26,7 @@ like with like.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import platform
@@ -119,6 +120,7 @@ class Item:
     prompt: list[int]
     max_tokens: int
     category: str = "other"
+    response_format: dict | None = None  # the line's structured output, when it asks one
 
 
 @dataclass
@@ -132,6 +134,8 @@ class Row:
     emitted: int = 0
     drafted: int = 0
     accepted: int = 0
+    forced: int = 0  # tokens the grammar forced (constrained items)
+    mask_s: float = 0.0  # seconds spent computing grammar masks
     config: str | None = None
     curve: list[float] = field(default_factory=list)  # per item, finish order: accepted length
     phases: dict | None = None  # with `phases`: {part: [seconds, calls]}, summed over rounds
@@ -150,7 +154,8 @@ class Row:
 def load_job(target: LoadedModel, path: str | Path | None, max_tokens: int | None) -> list[Item]:
     """The items of a job file: OpenAI Batch lines (`run`/`submit` input) or bench lines
     (`{"messages" | "prompt", "category"}`); a job line's category is in `body.metadata`. Sampling parameters are ignored: the bench is
-    greedy, so every configuration must produce the same tokens."""
+    greedy, so every configuration must produce the same tokens. A line's `response_format`
+    is kept: its answer is constrained in every configuration (but `ours_batched_free`)."""
     from core.jobs import parse_job, prompt_tokens
 
     path = Path(path or DEFAULT_JOB)
@@ -203,14 +208,20 @@ def load_job(target: LoadedModel, path: str | Path | None, max_tokens: int | Non
             prompt=prompt_tokens(target, r),
             max_tokens=max_tokens or int(r.params.get("max_tokens") or 256),
             category=categories[r.line - 1] if r.line - 1 < len(categories) else "other",
+            response_format=r.params.get("response_format"),
         )
         for r in requests
     ]
 
 
 def mlx_lm_batch(target: LoadedModel, items: list[Item], batch_size: int) -> list[list[int]]:
-    """mlx-lm's `batch_generate` as a new user calls it, at `batch_size` rows."""
+    """mlx-lm's `batch_generate` as a new user calls it, at `batch_size` rows; items with a
+    `response_format` through its BatchGenerator with llguidance's mask as each row's
+    logits processor (`grammar_processor`: the peer a user would assemble)."""
     from mlx_lm.generate import batch_generate
+
+    if any(it.response_format for it in items):
+        return mlx_lm_batch_constrained(target, items, batch_size)
 
     r = batch_generate(
         target.model,
@@ -224,12 +235,66 @@ def mlx_lm_batch(target: LoadedModel, items: list[Item], batch_size: int) -> lis
     return [list(t) for t in r.token_ids]
 
 
+def grammar_processor(target: LoadedModel, response_format: dict) -> Callable:
+    """An mlx-lm logits processor masking a row's logits with llguidance's mask (numpy
+    bitmask, applied on the device), its matcher advanced by each token fed back. mlx-lm
+    calls it with the row's tokens so far (the prompt first); the first call is at the
+    first generated token."""
+    from .grammar import apply_masks, compile_format
+
+    row = compile_format(response_format, target.tokenizer, target.vocab_size).row()
+    fed: list[int] = []  # the context's length at the first call (the prompt's)
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        n = tokens.shape[-1]
+        if not fed:
+            fed.append(n)
+        for t in tokens.reshape(-1)[fed[0] : n].tolist()[len(fed) - 1 :]:
+            row.emitted(int(t), 0)
+            fed.append(n)
+        return apply_masks(logits, [0], row.masks([0], [-1]))
+
+    return process
+
+
+def mlx_lm_batch_constrained(
+    target: LoadedModel, items: list[Item], batch_size: int
+) -> list[list[int]]:
+    """mlx-lm's BatchGenerator, greedy, each constrained row with its `grammar_processor`."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(
+        target.model,
+        stop_tokens=[[t] for t in target.tokenizer.eos_token_ids],
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(batch_size, 8),
+    )
+    procs = [
+        [grammar_processor(target, it.response_format)] if it.response_format else []
+        for it in items
+    ]
+    uids = gen.insert(
+        [it.prompt for it in items], [it.max_tokens for it in items], logits_processors=procs
+    )
+    out: dict[int, list[int]] = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        for r in responses:
+            if r.finish_reason != "stop":
+                out[r.uid].append(r.token)
+    gen.close()
+    return [out[u] for u in uids]
+
+
 def mlx_lm_single(target: LoadedModel, item: Item) -> list[int]:
-    """mlx-lm's plain greedy `generate_step`, one row (the reference)."""
+    """mlx-lm's plain greedy `generate_step`, one row (the reference); an item with a
+    `response_format`: plain constrained greedy (llguidance's mask, argmax, advance)."""
     from mlx_lm.generate import generate_step
 
     out = []
-    for t, _ in generate_step(mx.array(item.prompt), target.model, max_tokens=item.max_tokens):
+    procs = [grammar_processor(target, item.response_format)] if item.response_format else None
+    for t, _ in generate_step(
+        mx.array(item.prompt), target.model, max_tokens=item.max_tokens, logits_processors=procs
+    ):
         t = int(t)
         if t in target.eos_token_ids:
             break
@@ -369,17 +434,28 @@ def run_bench(
                 row.emitted += round(s.get("mean_accepted_length", 0) * s.get("verify_steps", 0))
                 row.drafted += s.get("draft_tokens", 0)
                 row.accepted += s.get("accepted_tokens", 0)
+                row.forced += s.get("forced_tokens", 0)
+                row.mask_s += r.timing.get("mask_s", 0.0)
         progress(f"{row.name}: {row.tokens / seconds:.1f} tok/s")
 
-    def ours(spec: str, bs: int):
+    def ours(spec: str, bs: int, free: bool = False, job_items: list[Item] = items):
         engine = Engine(target, draft=spec, surface=surface, batch_size=bs, **kw)
         engine.acceptance = {}  # every configuration starts from the same priors
 
-        def fn(job=items):
+        def fn(job=job_items):
             engine.acceptance = {}
             finished: list = []
             res = engine.generate_many(
-                [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in job],
+                [
+                    (
+                        it.prompt,
+                        GenerationParams(
+                            max_tokens=it.max_tokens,
+                            response_format=None if free else it.response_format,
+                        ),
+                    )
+                    for it in job
+                ],
                 on_result=finished.append,
             )
             return [r.tokens for r in res], finished
@@ -430,6 +506,19 @@ def run_bench(
         if label in want or label.startswith("ours_batched_draft-"):
             for bs in our_batches:
                 timed(f"{label}_{bs}", bs, ours(spec, bs))
+    if "ours_batched_free" in want and any(it.response_format for it in items):
+        # Plain decoding with every response_format dropped, each item capped at its
+        # constrained answer's length (plain's, at this batch size, when it ran): both rows
+        # then decode as many tokens after the same prompts, and their ratio is the masks'.
+        for bs in our_batches:
+            plain = next((r for r in rows if r.name == f"ours_batched_{bs}"), None)
+            capped = items
+            if plain is not None:
+                capped = [
+                    dataclasses.replace(it, max_tokens=max(1, min(it.max_tokens, len(out))))
+                    for it, out in zip(items, plain.outputs, strict=True)
+                ]
+            timed(f"ours_batched_free_{bs}", bs, ours("none", bs, True, capped))
     for _ in range(repeat - 1):
         for row, fn in plan:
             _round(row, fn)
@@ -454,8 +543,28 @@ def _curve(per_item: list[float], bins: int = 8) -> dict:
     }
 
 
+def valid_answers(target: LoadedModel, items: list[Item], outputs: list[list[int]]) -> int:
+    """Answers of the constrained items that parse as JSON and validate under their schema
+    (the `jsonschema` package; `json_object`: any object)."""
+    import jsonschema
+
+    from .grammar import schema_of
+
+    valid = 0
+    for it, out in zip(items, outputs, strict=True):
+        if not it.response_format:
+            continue
+        try:
+            jsonschema.validate(json.loads(target.decode(out)), schema_of(it.response_format))
+        except (ValueError, jsonschema.ValidationError):
+            continue
+        valid += 1
+    return valid
+
+
 def summarize(rows, target, items, ref_outputs, reference, surface, drafter, peaks=None) -> dict:
     gaps: dict[tuple[int, int], float] = {}
+    constrained = sum(bool(it.response_format) for it in items)
 
     checked = len(ref_outputs)
 
@@ -471,7 +580,8 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter, pea
 
     table = []
     for r in rows:
-        d = differing(r.outputs)
+        free = r.name.startswith("ours_batched_free")  # other answers: nothing to compare
+        d = [] if free else differing(r.outputs)
         table.append(
             {
                 "name": r.name,
@@ -479,13 +589,22 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter, pea
                 "tokens_per_s": round(r.tokens_per_s, 3),
                 "tokens": r.tokens,
                 "seconds": round(r.seconds, 3),
-                "identical_rows": min(len(r.outputs), checked) - len(d),
-                "identical_to_mlx_lm": not d,
+                "identical_rows": None if free else min(len(r.outputs), checked) - len(d),
+                "identical_to_mlx_lm": None if free else not d,
                 "max_gap": round(max(d), 4) if d else None,
                 "gap_bug": bool(d) and max(d) > GAP_BUG,
                 "drafters": dict(r.drafters),
                 "mean_accepted_length": round(r.emitted / r.steps, 3) if r.steps else None,
                 "acceptance_rate": round(r.accepted / r.drafted, 3) if r.drafted else None,
+                **(
+                    {
+                        "valid_answers": valid_answers(target, items, r.outputs),
+                        "forced_tokens": r.forced,
+                        "mask_s": round(r.mask_s, 3),
+                    }
+                    if constrained and not r.name.startswith("ours_batched_free")
+                    else {}
+                ),
                 **_curve(r.curve),
                 **({"phases": r.phases} if r.phases is not None else {}),
                 **(
@@ -505,7 +624,7 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter, pea
             lim = shares(t["tokens_per_s"], per_step, target.model, peaks)
             t["bandwidth_share"] = round(lim["bandwidth_share"], 4)
             t["compute_share"] = round(lim["compute_share"], 4)
-    ours = [t for t in table if t["name"].startswith("ours_")]
+    ours = [t for t in table if t["name"].startswith("ours_") and "_free" not in t["name"]]
     for prefix in ("mlx_lm_batch_", "ours_batched_spec_", "ours_batched_", *extra):
         cands = [
             t for t in table if t["name"].startswith(prefix) and t["name"][len(prefix) :].isdigit()
@@ -534,6 +653,7 @@ def summarize(rows, target, items, ref_outputs, reference, surface, drafter, pea
         "drafter": drafter,
         "reference": reference,
         "reference_items": checked,
+        "constrained_items": constrained,
         "cost_surface_ms": surface.to_json(),
         **(
             {
@@ -558,11 +678,14 @@ def _round_ratios(rows: list[Row]) -> list[dict]:
     out = []
     plain = {r.batch_size: r for r in rows if r.name == f"ours_batched_{r.batch_size}"}
     drafts = [r for r in rows if r.name.startswith("ours_batched_draft-")]
+    free = {r.batch_size: r for r in rows if r.name == f"ours_batched_free_{r.batch_size}"}
     for a in rows:
         bs = a.batch_size
         others = [plain[bs]] if bs in plain else []
         if a.name == f"ours_batched_spec_{bs}":
             others += [r for r in drafts if r.batch_size == bs]
+        elif a.name == f"ours_batched_{bs}":  # constrained plain over unconstrained plain
+            others = [free[bs]] if bs in free else []
         elif a not in drafts:
             continue
         for b in others:
@@ -597,9 +720,10 @@ def format_table(result: dict) -> str:
         mix = ", ".join(f"{k} {v}" for k, v in sorted(r["drafters"].items())) or "-"
         bw = f"{r['bandwidth_share']:.1%}" if "bandwidth_share" in r else "-"
         fl = f"{r['compute_share']:.1%}" if "compute_share" in r else "-"
+        same = "-" if r["identical_rows"] is None else r["identical_rows"]
         lines.append(
             f"{name:<34}{r['batch_size']:>6}{r['tokens_per_s']:>10.2f}{ratio:>11}"
-            f"{r['identical_rows']:>6}/{result['reference_items']:<4}{gap:>9}{mal:>9}"
+            f"{same:>6}/{result['reference_items']:<4}{gap:>9}{mal:>9}"
             f"{bw:>7}{fl:>7}  {mix}"
         )
     best = next((r for r in result["rows"] if r["name"] == "ours_best"), None)
@@ -614,6 +738,20 @@ def format_table(result: dict) -> str:
             f"{p['flops_per_s'] / 1e12:.2f} TFLOP/s; bw = weight bytes read per step x steps/s "
             "over the bandwidth, flops = 2 x weights x tokens/s over the compute peak"
         )
+    if result.get("constrained_items"):
+        lines.append(
+            f"structured output: {result['constrained_items']} items with a response_format "
+            "(ours_batched_free: the same job with them dropped, each answer capped at its "
+            "constrained length)"
+        )
+        for r in result["rows"]:
+            if "valid_answers" in r and "config" not in r:
+                steps = r["mean_accepted_length"]
+                lines.append(
+                    f"  {r['name']:<32} valid {r['valid_answers']}/{result['constrained_items']}"
+                    f"  forced tokens {r['forced_tokens']}  mask {r['mask_s']:.2f} s"
+                    + (f"  tokens a verify step {steps:.2f}" if steps else "")
+                )
     for r in result["rows"]:
         if "rounds_tokens_per_s" in r and "config" not in r:
             n = r["items_changed_between_rounds"]

@@ -54,6 +54,7 @@ from .draft_length import (
 from .drafters.base import Draft, Drafter
 from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.suffix import Corpora
+from .grammar import apply_masks, compile_format, segment_masks
 from .loading import load_model
 from .memory import (
     RequestTooLarge,
@@ -466,6 +467,11 @@ class Batch:
             )
         group = _Group(params.n) if params.n > 1 else None
         base = row_seed(params)
+        grammar = None
+        if params.response_format is not None:  # raises GrammarError (a ValueError)
+            grammar = compile_format(
+                params.response_format, self.target.tokenizer, self.target.vocab_size
+            )
         for i in range(params.n):
             seed = base if i == 0 else (base + i if params.seed is not None else row_seed(params))
             seq = Sequence(
@@ -479,6 +485,7 @@ class Batch:
                 group=group,
                 isolate=isolate,
                 on_admit=on_admit if i == 0 else None,
+                grammar=grammar.row() if grammar is not None else None,
             )
             self.queue.append(seq)
             if group is not None:
@@ -1071,6 +1078,12 @@ class Batch:
             picked,
             [(j, t, d) for j, p in enumerate(params) for t, d in p.adjustments(Counter()).items()],
         )
+        masked = [j for j, s in enumerate(seqs) if s.grammar is not None]
+        if masked:
+            bits = np.concatenate([seqs[j].grammar.masks([0], [-1]) for j in masked])
+            picked = apply_masks(picked, masked, bits)
+            for j in masked:
+                seqs[j].grammar.single = [_single(bits[masked.index(j)])]
         tokens = choose(picked, params, seeds, pos)
         lp = None
         if any(p.logprobs for p in params):
@@ -1239,6 +1252,8 @@ class Batch:
         """The target's token after every node of a segment (packed, row-major), and the
         log-probabilities asked for (None when no row asked)."""
         logits = adjust(logits, view.adjust)
+        if view.mask_nodes:
+            logits = apply_masks(logits, view.mask_nodes, np.concatenate(view.mask_bits))
         picks = choose(logits, view.params, view.seeds, view.positions)
         lp = None
         if view.top_logprobs is not None:
@@ -1316,6 +1331,8 @@ class Batch:
             if i in row_lp:  # the emitted tokens are the target's choices after these nodes
                 nodes = [0] + [p + 1 for p in path]
                 lps = [row_lp[i][n] for n in nodes]
+            if s.grammar is not None:  # whether each emitted token was forced, in order
+                s.grammar.single = [s.grammar.single[n] for n in [0] + [p + 1 for p in path]]
             reason = self._emit(s, emitted, lps)
             if reason is not None:
                 finished.append((s, reason))
@@ -1358,11 +1375,14 @@ class Batch:
         that crosses a stop sequence is cut there."""
         eos = self.target.eos_token_ids
         stops = s.params.stop
+        g = s.grammar
         for j, t in enumerate(tokens):
             if t in eos:
                 return "stop"
             s.output.append(t)
             self.emitted += 1
+            if g is not None:
+                g.emitted(t, j)
             if lps is not None:
                 s.logprobs.append(lps[j])
             for stop in stops:
@@ -1440,6 +1460,9 @@ class Batch:
         if len(seqs) > 1:  # the answers' draft counts together
             for key in ("draft_tokens", "accepted_tokens", "verify_steps"):
                 speculative[key] = sum(s.metrics.speculative()[key] for s in seqs)
+        if first.grammar is not None:  # tokens the grammar forced, seconds spent in masks
+            speculative["forced_tokens"] = sum(s.grammar.forced_tokens for s in seqs)
+            timing["mask_s"] = round(sum(s.grammar.mask_s for s in seqs), 6)
         if self.engine.learner is not None:  # the self-drafter version serving as it ended
             speculative["adapter_version"] = self.engine.learner.version
         return GenerationResult(
@@ -1474,6 +1497,8 @@ class SegmentView:
     positions: np.ndarray  # (N,) absolute position of the token chosen after each node
     adjust: list[tuple[int, int, float]] = field(default_factory=list)  # (node, token, delta)
     top_logprobs: int | None = None  # log-probabilities wanted (with this many alternatives)
+    mask_nodes: list[int] = field(default_factory=list)  # nodes a grammar constrains
+    mask_bits: list[np.ndarray] = field(default_factory=list)  # per row: (nodes, W) int32
 
 
 @dataclass
@@ -1536,6 +1561,8 @@ class StepPlan:
         idx = [i for i, _ in entries]
         adjust: list[tuple[int, int, float]] = []
         lp_k: int | None = None
+        mask_nodes: list[int] = []
+        masked: list[tuple[Any, list[int], list[int]]] = []  # (row grammar, nodes, parents)
         for r, (i, _slot) in enumerate(entries):
             if i is None:  # a dummy: one token, its logits unused
                 tokens.append([0])
@@ -1565,6 +1592,12 @@ class StepPlan:
                     node_parents += list(range(k))
                 if draft.hidden is not None:
                     hidden.append((d.name, j))
+            if s.grammar is not None:  # the mask after each node, along the node's path
+                host = node_tokens
+                if isinstance(draft.tokens if draft is not None else None, mx.array):
+                    host = [s.pending] + (draft.tokens[j, :k].tolist() if k else [])
+                masked.append((s.grammar, host, node_parents))
+                mask_nodes += range(len(params), len(params) + len(host))
             if s.params.adjusts or s.params.logprobs:
                 node0 = len(params)
                 if s.params.logprobs:
@@ -1583,6 +1616,9 @@ class StepPlan:
             params += [s.params] * (k + 1)
             seeds += [s.seed] * (k + 1)
             positions += [len(s.history) + dd for dd in _depths(node_parents)]
+        mask_bits = segment_masks(masked) if masked else []
+        for (g, _, _), bits in zip(masked, mask_bits, strict=True):
+            g.single = [_single(b) for b in bits]
         ids = None
         if dev_src:  # drafts still on the device: place them into the packed ids
             w = max(sizes)
@@ -1613,9 +1649,24 @@ class StepPlan:
             min_w=min_w,
         )
         view = SegmentView(
-            idx, sizes, params, np.array(seeds, np.uint32), np.array(positions), adjust, lp_k
+            idx,
+            sizes,
+            params,
+            np.array(seeds, np.uint32),
+            np.array(positions),
+            adjust,
+            lp_k,
+            mask_nodes,
+            mask_bits,
         )
         return seg, view
+
+
+def _single(bits: np.ndarray) -> bool:
+    """Whether a node's mask allows one token only (the grammar forces it)."""
+    words = bits.view(np.uint32)
+    words = words[words != 0]
+    return len(words) == 1 and int(words[0]) & (int(words[0]) - 1) == 0
 
 
 def _depths(parents: list[int]) -> list[int]:

@@ -36,6 +36,8 @@ class GenerationParams:
         frequency_penalty: subtracted from a token's logit per time it was generated.
         presence_penalty: subtracted once from the logit of a token generated before.
         logit_bias: token id (as a string) -> added to its logit.
+        response_format: OpenAI's `json_object` / `json_schema` format, or None (free text):
+            the answer is constrained by its grammar (grammar.py), every other token masked.
     """
 
     max_tokens: int = 256
@@ -50,6 +52,7 @@ class GenerationParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict = field(default_factory=dict)
+    response_format: dict | None = None
 
     @property
     def greedy(self) -> bool:
@@ -63,8 +66,9 @@ class GenerationParams:
     @property
     def needs_host(self) -> bool:
         """Whether a row's next token needs the host first: its logits adjusted (penalties
-        count the tokens so far) or its log-probabilities read."""
-        return self.adjusts or self.logprobs
+        count the tokens so far), masked by its grammar (advanced by the tokens so far) or
+        its log-probabilities read."""
+        return self.adjusts or self.logprobs or self.response_format is not None
 
     def adjustments(self, generated: Counter) -> dict[int, float]:
         """Token -> what is added to its logit after `generated` (token counts)."""

@@ -65,6 +65,8 @@ class Sequence:
     # Those states once read (spans too), kept for a learning feature head: with `states`
     # they are the row's pairs, which its online learner then needs no forward for.
     read_states: list = field(default_factory=list)
+    # Its grammar's state (grammar.RowGrammar) when it asks for a response_format, else None.
+    grammar: Any = None
 
     @property
     def history(self) -> list[int]:

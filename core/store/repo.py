@@ -729,11 +729,16 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
             func.sum(Metric.accepted_tokens),
             func.sum(Metric.draft_tokens),
             func.sum(Metric.verify_steps),
+            # structured output (items with a response_format): tokens its grammar forced,
+            # seconds spent in its masks; kept in the engine's dicts (NULL elsewhere)
+            func.sum(Metric.speculative["forced_tokens"].as_integer()),
+            func.sum(Metric.timing["mask_s"].as_float()),
         )
         .join(Item, Item.id == Metric.item_id)
         .where(Item.job_id == job_id)
     ).one()
-    n, tokens, engine_s, accepted, drafted, steps = (v or 0 for v in m)
+    n, tokens, engine_s, accepted, drafted, steps = (v or 0 for v in m[:6])
+    forced, mask_s = m[6:]
     start = aware(job.in_progress_at or job.created_at)
     end = aware(job.completed_at or job.failed_at or job.cancelled_at) or utcnow()
     wall = max((end - start).total_seconds(), 0.0)
@@ -756,6 +761,8 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
             "acceptance_rate": accepted / drafted if drafted else None,
             # Tokens per target verify step (accepted drafts + the bonus/corrected token).
             "mean_accepted_length": tokens / steps if steps else None,
+            "forced_tokens": forced,  # None: no item asked for a response_format
+            "mask_s": mask_s,
             "acceptance_over_time": acceptance_over_time(session, job_id),
             "adapter_version": _latest_adapter_version(session, job_id),
         },

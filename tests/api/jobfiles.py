@@ -51,7 +51,16 @@ BAD = [
         "invalid_url",
     ),
     (chat("long", content="x" * 5000), "context_length_exceeded"),
-    (chat("st", response_format={"type": "json_object"}), "unsupported_parameter"),
+    (
+        chat(
+            "st",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "object", "not": {}}},
+            },
+        ),
+        "invalid_response_format",
+    ),
     (chat("cid", custom_id_is="x"), "unknown_parameter"),
 ]
 

@@ -55,7 +55,17 @@ HOSTILE: list[tuple[bytes, str | None]] = [
     (b'{"custom_id": "sur", "prompt": "a \\ud800 b"}', "invalid_text"),
     (b"[" * 50_000 + b"]" * 50_000, "too_deep"),
     (b'{"custom_id": "big", "prompt": "' + b"x" * 20_000_000 + b'"}', "line_too_long"),
-    (_line("fmt", response_format={"type": "json_object"}), "unsupported_parameter"),
+    (
+        _line(
+            "fmt",
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"type": "object", "not": {}}},
+            },
+        ),
+        "invalid_response_format",
+    ),
+    (_line("json", response_format={"type": "json_object"}, max_tokens=4), None),
     (_line("stop", stop=["\n"], n=2, logprobs=True, presence_penalty=0.5), None),
     (
         json.dumps(

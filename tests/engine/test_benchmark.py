@@ -203,3 +203,42 @@ def test_repeat_times_every_configuration_in_rounds_and_gives_the_ratios_per_rou
     want = [x / y for x, y in zip(a["rounds_tokens_per_s"], b["rounds_tokens_per_s"], strict=True)]
     assert q["per_round"] == pytest.approx(want, rel=1e-2)
     assert "tok/s by round" in format_table(res) and "median" in format_table(res)
+
+
+def test_response_format_lines_are_benched_constrained(tmp_path, monkeypatch):
+    """A job with a schema: every row (mlx-lm's through llguidance's logits processor) gives
+    the constrained reference's tokens, answers are counted valid, `ours_batched_free` drops
+    the schema and is not compared."""
+    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["red", "blue"]}, "n": {"type": "integer", "maximum": 9}},
+        "required": ["label", "n"],
+        "additionalProperties": False,
+    }
+    lines = []
+    for line in JOB:
+        line = json.loads(json.dumps(line))
+        line["body"]["max_tokens"] = 60
+        line["body"]["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        lines.append(json.dumps(line))
+    path = tmp_path / "structured.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    target = load_tiny("tiny-random:0")
+    items = load_job(target, path, None)
+    assert all(it.response_format for it in items)
+    res = run_bench(
+        target,
+        items,
+        mlx_lm_batches=[2],
+        our_batches=[2],
+        configs={"mlx_lm", "ours_batched", "ours_batched_spec", "ours_batched_free"},
+    )
+    rows = {r["name"]: r for r in res["rows"] if "config" not in r}
+    assert res["constrained_items"] == 5
+    for name in ("mlx_lm_batch_2", "ours_batched_2", "ours_batched_spec_2"):
+        assert rows[name]["identical_rows"] == 5, name
+        assert rows[name]["valid_answers"] == 5, name
+    assert rows["ours_batched_2"]["forced_tokens"] > 0
+    assert rows["ours_batched_free_2"]["identical_rows"] is None
+    assert "valid 5/5" in format_table(res)

@@ -410,7 +410,7 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in WORKLOAD[:3]]
     eng = _priced(Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=True), 0.02)
     batch = eng.new_batch()
-    assert [d.name for d in batch.drafters] == ["ngram", "suffix", "head"]
+    assert [d.name for d in batch.drafters] == ["forced", "ngram", "suffix", "head"]
     assert batch.modes.kinds == ("draft", "loop", "plain")
     off = Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=False).new_batch()
     assert off.modes.kinds == ("draft", "plain")  # no loop: the head drafts host-synced

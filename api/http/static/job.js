@@ -52,6 +52,9 @@
       ["queue wait (mean / max)", `${fmt(t.mean_queue_wait_s, 2, " s")} / ${fmt(t.max_queue_wait_s, 2, " s")}`],
     ];
     if (t.mean_batch_size !== null) rows.push(["mean batch size", fmt(t.mean_batch_size, 1)]);
+    if (m.forced_tokens !== null && m.forced_tokens !== undefined) {
+      rows.push(["schema-forced tokens / mask time", `${m.forced_tokens} / ${fmt(m.mask_s, 2, " s")}`]);
+    }
     document.getElementById("cards").replaceChildren(...rows.flatMap(([k, v]) => {
       const dt = document.createElement("dt"), dd = document.createElement("dd");
       dt.textContent = k;

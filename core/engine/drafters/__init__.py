@@ -142,11 +142,18 @@ def _head(engine, arg):
     return _adapter(engine, None, int(arg) if arg else None)
 
 
+def _forced(engine, arg):
+    from .forced import ForcedDrafter
+
+    return [ForcedDrafter()]
+
+
 def _auto(engine, arg):
     # Prompt lookup, the job's suffix index, the draft model when one is configured and
     # the best stored self-drafter when there is one; each row uses the one whose measured
-    # acceptance promises the most tokens per unit of time.
-    out = _ngram(engine, None) + _suffix(engine, None)
+    # acceptance promises the most tokens per unit of time. The grammar's forced tokens
+    # first: they draft only for rows with a response_format.
+    out = _forced(engine, None) + _ngram(engine, None) + _suffix(engine, None)
     if engine.draft_model is not None:
         out.append(engine.draft_model_drafter())
     if engine.engine.adapter is not None:
@@ -184,6 +191,7 @@ ENTRIES = [
         _width,
     ),
     Entry("tree", None, "per-row token trees of prompt-lookup candidates", _tree),
+    Entry("forced", None, "the tokens a row's response_format grammar forces", _forced),
     Entry("auto", None, "per row: whichever drafter promises the most (default)", _auto),
 ]
 REGISTRY = {e.name: e for e in ENTRIES}
