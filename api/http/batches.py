@@ -8,13 +8,14 @@ batch row stored in the job's own transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from core.jobs import CHAT_URL
+from core.jobs import CHAT_URL, LongLine
 from core.settings import Settings
 from core.store import batches, files, repo
 from core.store.models import JOB_DONE, Item, Result
@@ -107,7 +108,7 @@ def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, str] | None:
     return metadata
 
 
-def batch_model(lines: list[str], settings: Settings) -> str:
+def batch_model(lines: Iterable[bytes | LongLine], settings: Settings) -> str:
     """The model a batch runs on: the one served model its lines name, else the default.
 
     A line's body.model that the farm does not serve (say "gpt-4o-mini" from a pipeline
@@ -116,10 +117,12 @@ def batch_model(lines: list[str], settings: Settings) -> str:
     served = (settings.model, *settings.serve_models)
     named = set()
     for raw in lines:
+        if isinstance(raw, LongLine):
+            continue
         try:
             obj = json.loads(raw)
-        except ValueError:
-            continue  # the line's own error comes from validation
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+            continue  # the line's own error comes from validation (core.jobs.parse_job)
         body = obj.get("body") if isinstance(obj, dict) else None
         model = body.get("model") if isinstance(body, dict) else None
         if model is None and isinstance(obj, dict):
@@ -172,9 +175,10 @@ def create_batch(
                 f"purpose={files.INPUT_PURPOSE!r}",
                 param="input_file_id",
             )
-        lines = files.upload_lines(s, f)
-    settings = state.settings
-    model = batch_model(lines, settings)
+        settings = state.settings
+        limits = settings.job_limits()
+        model = batch_model(files.upload_lines(s, f, limits), settings)
+        lines = files.upload_lines(s, f, limits)
     made: list[str] = []
 
     def attach(session, job) -> None:
