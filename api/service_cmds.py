@@ -18,10 +18,13 @@ from core.settings import Settings
 @contextmanager
 def _session(readonly: bool = False):
     """A session on the configured store; an unknown job id is a one-line error."""
-    from core.store.repo import UnknownJob
+    from core.store.repo import UnknownJob, interrupt_dead_runs
+    from worker.owner import owner_is_dead
 
     sessions = open_store(Settings.from_env(), readonly=readonly)
     with sessions() as session:
+        # An `applespec run` whose process died shows as interrupted, not running forever.
+        interrupt_dead_runs(session, owner_is_dead)
         try:
             yield session
         except UnknownJob as e:
@@ -123,7 +126,27 @@ def _status_line(summary: dict[str, Any]) -> str:
         line += f"; acceptance {m['acceptance_rate']:.2f}"
     if m["mean_accepted_length"]:
         line += f", mean accepted length {m['mean_accepted_length']:.2f}"
+    eta = summary["eta"]["seconds"]
+    if eta is not None:
+        line += f"; ETA {_duration(eta)}"
+    if summary.get("resumable"):
+        how = (
+            "run the same `applespec run` command again"
+            if summary["mode"] == "embedded"
+            else f"`applespec retry {summary['id']}`"
+        )
+        line += f"; {summary['resumable']} requests resumable: {how}"
     return line
+
+
+def _duration(seconds: float) -> str:
+    """`1h02m`, `3m05s`, `12s`: a duration as people read one."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
 
 
 @click.command("status")
@@ -152,6 +175,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
     from api.client import IdleWatch
     from core.store import repo
     from core.store.models import JOB_DONE
+    from worker.owner import owner_is_dead
 
     settings = Settings.from_env()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -166,6 +190,8 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                 c = summary["request_counts"]
                 bar.update(max(0, c["completed"] + c["failed"] - seen))
                 seen = c["completed"] + c["failed"]
+                if summary["eta"]["seconds"] is not None:
+                    bar.label = f"{job_id} (ETA {_duration(summary['eta']['seconds'])})"
                 if summary["status"] in JOB_DONE:
                     break
                 idle = watch.check(s)
@@ -176,6 +202,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                     sys.exit(2)
                 s.rollback()
                 time.sleep(interval)
+                repo.interrupt_dead_runs(s, owner_is_dead)
                 summary = repo.job_summary(s, job_id)
                 s.rollback()  # end the read transaction: never hold the store between polls
     click.echo(_status_line(summary), err=True)
@@ -247,7 +274,8 @@ def jobs_cmd(limit: int, as_json: bool) -> None:
 @click.command("cancel")
 @click.argument("job_id")
 def cancel_cmd(job_id: str) -> None:
-    """Cancel a job: queued requests are dropped, running ones finish."""
+    """Cancel a job: queued requests are dropped now; requests already running finish and
+    their results are kept. `applespec retry JOB` resumes a cancelled job."""
     from core.store import repo
 
     with _session() as s:
@@ -259,8 +287,9 @@ def cancel_cmd(job_id: str) -> None:
 @click.argument("job_id")
 @click.option("--chunk-size", type=click.IntRange(min=1))
 def retry_cmd(job_id: str, chunk_size: int | None) -> None:
-    """Queue a job's failed requests again (bad input lines stay failed), and the requests
-    whose worker died (their lease expired) without waiting for a worker's sweep."""
+    """Resume a job: queue its failed and cancelled requests again (bad input lines stay
+    failed), and the requests whose worker died (their lease expired) without waiting for a
+    worker's sweep. A cancelled job is in progress again."""
     from core.store import repo
     from worker.app import create_app
     from worker.enqueue import broker_epoch, enqueue

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -18,42 +16,14 @@ from core.jobs import JobRequest, completion_body
 from core.store import repo
 from core.store.models import Item
 
+from .owner import owner_is_dead, worker_name  # noqa: F401 - their home before worker.owner
+
 # Test-only: a comma-separated list of custom_ids that make the worker process die
 # (os._exit) when it starts them, to exercise the poison-item cap. Unset in production.
 CRASH_ENV = "APPLESPEC_TEST_CRASH_ON"
 # Test-only: seconds to wait before running each item, to make a chunk slower than the
 # broker's visibility timeout or a shutdown land mid-chunk. Unset in production.
 DELAY_ENV = "APPLESPEC_TEST_ITEM_DELAY"
-
-
-def worker_name() -> str:
-    """`host:pid` of this process: the owner of the leases it takes, recorded on the items it
-    starts and in their metrics."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """Whether the lease owner `host:pid` surely no longer runs: a process of this host
-    that does not exist (or is a zombie). Another host's process is never presumed dead;
-    its lease runs out instead.
-
-    A pool process killed outright has its chunk redelivered at once; this lets the next
-    process take over its items without waiting for the lease to expire. Host names must
-    be unique per process namespace (as Celery's node names assume).
-    """
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):
-        return False
-    try:  # Linux: a zombie is dead, only not yet reaped
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
