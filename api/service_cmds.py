@@ -117,6 +117,8 @@ def submit_cmd(
 
 
 def _status_line(summary: dict[str, Any]) -> str:
+    from core.store.repo import duration
+
     c, m = summary["request_counts"], summary["metrics"]
     line = f"{summary['id']}: {summary['status']}, {c['completed']}/{c['total']} completed"
     line += f", {c['failed']} failed"
@@ -128,7 +130,7 @@ def _status_line(summary: dict[str, Any]) -> str:
         line += f", mean accepted length {m['mean_accepted_length']:.2f}"
     eta = summary["eta"]["seconds"]
     if eta is not None:
-        line += f"; ETA {_duration(eta)}"
+        line += f"; ETA {duration(eta)}"
     if summary.get("resumable"):
         how = (
             "run the same `applespec run` command again"
@@ -137,16 +139,6 @@ def _status_line(summary: dict[str, Any]) -> str:
         )
         line += f"; {summary['resumable']} requests resumable: {how}"
     return line
-
-
-def _duration(seconds: float) -> str:
-    """`1h02m`, `3m05s`, `12s`: a duration as people read one."""
-    s = round(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 @click.command("status")
@@ -191,7 +183,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                 bar.update(max(0, c["completed"] + c["failed"] - seen))
                 seen = c["completed"] + c["failed"]
                 if summary["eta"]["seconds"] is not None:
-                    bar.label = f"{job_id} (ETA {_duration(summary['eta']['seconds'])})"
+                    bar.label = f"{job_id} (ETA {repo.duration(summary['eta']['seconds'])})"
                 if summary["status"] in JOB_DONE:
                     break
                 idle = watch.check(s)

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from . import repo
+from .batches import Batch
 from .models import JOB_DONE, Item, Job, Metric
 
 PHASES = ("draft_s", "verify_s", "accept_s", "cache_s")
@@ -128,28 +129,50 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
     }
 
 
-def jobs_overview(session: Session, limit: int = 50) -> list[dict[str, Any]]:
-    """The most recent jobs with their counts, tokens/s and acceptance (the dashboard list)."""
-    jobs = repo.list_jobs(session, limit)
+def jobs_overview(
+    session: Session, limit: int = 50, key_id: str | None = None
+) -> list[dict[str, Any]]:
+    """The most recent jobs with their counts, tokens/s, acceptance and ETA (the dashboard
+    list); with `key_id`, only that API key's batches."""
+    if key_id is None:
+        jobs = repo.list_jobs(session, limit)
+    else:
+        jobs = list(
+            session.scalars(
+                select(Job)
+                .join(Batch, Batch.id == Job.id)
+                .where(Batch.key_id == key_id)
+                .order_by(Job.created_at.desc())
+                .limit(limit)
+            )
+        )
     ids = [j.id for j in jobs]
     sums = {
-        job_id: (tokens or 0, drafted or 0, accepted or 0)
-        for job_id, tokens, drafted, accepted in session.execute(
+        job_id: (tokens or 0, drafted or 0, accepted or 0, measured or 0)
+        for job_id, tokens, drafted, accepted, measured in session.execute(
             select(
                 Item.job_id,
                 func.sum(Metric.completion_tokens),
                 func.sum(Metric.draft_tokens),
                 func.sum(Metric.accepted_tokens),
+                func.count(Metric.id),
             )
             .join(Metric, Metric.item_id == Item.id)
             .where(Item.job_id.in_(ids))
             .group_by(Item.job_id)
         )
     }
+    open_items = dict(
+        session.execute(
+            select(Item.job_id, func.count())
+            .where(Item.job_id.in_(ids), Item.status.in_(("pending", "running")))
+            .group_by(Item.job_id)
+        ).all()
+    )
     now = repo.utcnow()
     out = []
     for j in jobs:
-        tokens, drafted, accepted = sums.get(j.id, (0, 0, 0))
+        tokens, drafted, accepted, measured = sums.get(j.id, (0, 0, 0, 0))
         start = repo.aware(j.in_progress_at or j.created_at)
         end = repo.aware(j.completed_at or j.failed_at or j.cancelled_at) or now
         wall = max((end - start).total_seconds(), 0.0)
@@ -164,6 +187,9 @@ def jobs_overview(session: Session, limit: int = 50) -> list[dict[str, Any]]:
                 "completion_tokens": tokens,
                 "tokens_per_s": tokens / wall if wall > 0 and tokens else None,
                 "acceptance_rate": accepted / drafted if drafted else None,
+                "eta_s": repo.eta(j.status, open_items.get(j.id, 0), measured, tokens, wall)[
+                    "seconds"
+                ],
             }
         )
     return out

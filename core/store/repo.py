@@ -895,6 +895,18 @@ def eta(status: str, open_items: int, measured: int, tokens: int, wall_s: float)
     }
 
 
+def duration(seconds: float | None) -> str:
+    """`1h02m`, `3m05s`, `12s` (`–` for None): a duration as people read one."""
+    if seconds is None:
+        return "–"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
 def acceptance_over_time(session: Session, job_id: str, points: int = 10) -> list[dict]:
     """The job's acceptance as its items finished: the items measured so far in finish
     order, cut into up to `points` consecutive groups; per group the items finished by its
