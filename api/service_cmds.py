@@ -307,6 +307,14 @@ def retry_cmd(job_id: str, chunk_size: int | None) -> None:
     click.echo(f"{job_id}: {len(ids)} requests queued again")
 
 
+POOLS = ("prefork", "solo", "threads")
+
+
+def default_pool() -> str:
+    """`solo` on macOS (no fork after MLX: celery #9894, Metal), `prefork` elsewhere."""
+    return "solo" if sys.platform == "darwin" else "prefork"
+
+
 @click.command("worker", context_settings={"ignore_unknown_options": True})
 @model_option
 @click.option("--queues", "-Q", help="Comma-separated queues (default: the model's queue).")
@@ -314,6 +322,16 @@ def retry_cmd(job_id: str, chunk_size: int | None) -> None:
 @batch_option
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option("--hostname", "-n", help="Node name (default: applespec-PID@HOST).")
+@click.option(
+    "--pool",
+    type=click.Choice(POOLS),
+    default=default_pool,
+    envvar="APPLESPEC_WORKER_POOL",
+    show_default="solo on macOS, prefork elsewhere",
+    help="Celery pool. `solo` runs the model in this process, which never forks (the "
+    "default on macOS, where a forked process cannot use Metal); run several workers for "
+    "several processes.",
+)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker_cmd(
     model: str,
@@ -322,16 +340,23 @@ def worker_cmd(
     batch_size: int | None,
     loglevel: str,
     hostname: str | None,
+    pool: str,
     celery_args: tuple[str, ...],
 ) -> None:
     """Start a Celery worker for a model's queue; each pool process loads the model once
     and runs one continuous batch fed by the chunks it takes.
 
+    MLX is loaded only in the process that runs the model, after any fork, on its engine
+    thread (worker.runtime): the parent of a prefork pool never imports it. On macOS the
+    default pool is `solo` (celery #9894: prefork crashes there; Metal is not fork-safe):
+    for N processes per Mac, start N workers, e.g. `honcho start -c worker=N`.
+
     Extra arguments go to `celery worker` unchanged.
 
     \b
-    Example:
-        applespec worker --model smollm2-135m --concurrency 2
+    Examples:
+        applespec worker --model smollm2-135m --concurrency 2      # Linux: prefork
+        applespec worker --model smollm2-135m --pool solo          # one process
     """
     import dataclasses
     import os
@@ -341,6 +366,11 @@ def worker_cmd(
     env = Settings.from_env()
     model = env.resolve_model(model)
     settings = dataclasses.replace(env, model=model, batch_size=batch_size or env.batch_size)
+    if pool == "solo" and concurrency > 1:
+        raise click.ClickException(
+            "--pool solo runs one process: start several workers for more (each with its "
+            "own --hostname), or use --pool prefork where fork is safe (Linux)"
+        )
     _check_store(settings)
     app = create_app(settings)
     argv = [
@@ -349,7 +379,7 @@ def worker_cmd(
         f"--concurrency={concurrency}",
         f"--loglevel={loglevel}",
         f"--hostname={hostname or f'applespec-{os.getpid()}@%h'}",
-        "--pool=prefork",
+        f"--pool={pool}",
         *celery_args,
     ]
     app.worker_main(argv)

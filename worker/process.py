@@ -11,7 +11,6 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.draft_policy import DraftNotAllowed
-from core.engine.model import ModelError
 from core.jobs import JobRequest, completion_body
 from core.store import repo
 from core.store.models import Item
@@ -86,6 +85,8 @@ def start_item(
 
 def error_of(started: Started, e: BaseException) -> dict[str, str]:
     """The per-item error record of a failure while preparing or running it."""
+    from core.engine.model import ModelError  # here: importing worker code loads no MLX
+
     code = (
         "model_error"
         if isinstance(e, ModelError)

@@ -221,8 +221,7 @@ def run_chunk(
             continue
         try:
             key = _engine_key(settings, started)
-            params = generation_params(started.request)
-        except Exception as e:  # a bad drafter or parameter fails the item alone
+        except Exception as e:  # a bad drafter fails the item alone
             with sessions() as session:
                 store_error(session, started, e)
             beat.drop([item_id])
@@ -232,7 +231,9 @@ def run_chunk(
         work = Work(
             key=key,
             prompt=lambda target, r=request: prompt_tokens(target, r),
-            params=params,
+            # Built on the engine thread: it imports core.engine (MLX), whose streams belong
+            # to the thread that made them. A bad parameter fails the item alone there.
+            params=functools.partial(generation_params, request),
             done=out.done,
             on_admit=crash_hook(started.custom_id),
             tag=started,

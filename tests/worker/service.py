@@ -56,7 +56,14 @@ def service_env(
 class Worker:
     """An `applespec worker` subprocess in its own process group (so it can be SIGKILLed whole)."""
 
-    def __init__(self, env: dict[str, str], model: str, log: Path, concurrency: int = 1):
+    def __init__(
+        self,
+        env: dict[str, str],
+        model: str,
+        log: Path,
+        concurrency: int = 1,
+        extra: tuple[str, ...] = (),
+    ):
         self.log = log
         self.proc = subprocess.Popen(
             [
@@ -68,6 +75,7 @@ class Worker:
                 model,
                 "--concurrency",
                 str(concurrency),
+                *extra,
                 "--loglevel",
                 "INFO",
                 "--without-gossip",
