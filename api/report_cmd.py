@@ -35,6 +35,9 @@ SUMMARY_ROWS = (
     ("metrics.engine_tokens_per_s", "tokens/s (engine)"),
     ("metrics.acceptance_rate", "acceptance rate"),
     ("metrics.mean_accepted_length", "mean accepted length"),
+    ("energy.joules", "energy (J)"),
+    ("energy.joules_per_1k_tokens", "energy per 1k tokens (J)"),
+    ("eta.seconds", "ETA (s)"),
 )
 
 
@@ -45,9 +48,9 @@ def lookup(summary: dict[str, Any], dotted: str) -> Any:
     return value
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, key: str = "") -> str:
     if value is None:
-        return "–"
+        return "not measured" if key.startswith("energy.") else "–"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -154,7 +157,7 @@ def render(series: dict[str, Any], figs: list[tuple[str, bytes]]) -> str:
     summary = series["summary"]
     rows = "\n".join(
         f'<tr data-key="{key}" data-value="{html.escape(json.dumps(lookup(summary, key)))}">'
-        f"<th>{label}</th><td>{html.escape(_shown(lookup(summary, key)))}</td></tr>"
+        f"<th>{label}</th><td>{html.escape(_shown(lookup(summary, key), key))}</td></tr>"
         for key, label in SUMMARY_ROWS
     )
     images = "\n".join(

@@ -89,6 +89,7 @@ def run_cmd(
     Example:
         applespec run job.jsonl -o results.jsonl --errors errors.jsonl --max-tokens 64
     """
+    from core.energy import EnergyClock, find_meter
     from core.jobs import generation_params, prompt_tokens
     from core.store import repo
     from core.store.database import StoreGone
@@ -228,9 +229,15 @@ def run_cmd(
                     with sessions() as s:
                         ready[st.line] = ("done", store_error(s, st, e))
             flush()
+            energy = EnergyClock(find_meter())
+            energy.mark()
             for r in batch.run():
+                joules = energy.split()
                 with sessions() as s:
-                    ready[r.tag.line] = ("done", store_result(s, r.tag, r, "local"))
+                    ready[r.tag.line] = (
+                        "done",
+                        store_result(s, r.tag, r, "local", (joules, energy.source)),
+                    )
                 if hook := crash_hook(r.tag.custom_id):  # tests only: die with items running
                     hook()
                 flush()

@@ -128,6 +128,13 @@ def _status_line(summary: dict[str, Any]) -> str:
         line += f"; acceptance {m['acceptance_rate']:.2f}"
     if m["mean_accepted_length"]:
         line += f", mean accepted length {m['mean_accepted_length']:.2f}"
+    energy = summary["energy"]
+    if energy["joules"] is None:
+        line += "; energy not measured"
+    else:
+        per = energy["joules_per_1k_tokens"]
+        line += f"; {energy['joules']:.1f} J" + (f" ({per:.1f} J/1k tokens)" if per else "")
+        line += f" by {', '.join(energy['sources'])}"
     eta = summary["eta"]["seconds"]
     if eta is not None:
         line += f"; ETA {duration(eta)}"

@@ -97,8 +97,15 @@ def error_of(started: Started, e: BaseException) -> dict[str, str]:
     return {"code": code, "message": f"line {started.line}: {type(e).__name__}: {e}"}
 
 
-def store_result(session: Session, started: Started, result: Any, worker_host: str) -> Outcome:
-    """Store a finished item's response and metrics (once; a repeat is a no-op)."""
+def store_result(
+    session: Session,
+    started: Started,
+    result: Any,
+    worker_host: str,
+    energy: tuple[float | None, str | None] = (None, None),
+) -> Outcome:
+    """Store a finished item's response and metrics (once; a repeat is a no-op); `energy`
+    is (joules, source) from core.energy.EnergyClock, (None, None) when not measured."""
     body = completion_body(started.job_model, result, request=started.request)
     wait = (
         (started.started_at - started.queued_at).total_seconds()
@@ -106,7 +113,12 @@ def store_result(session: Session, started: Started, result: Any, worker_host: s
         else None
     )
     metric = repo.metric_row(
-        result, attempt=started.attempt, worker_host=worker_host, queue_wait_s=wait
+        result,
+        attempt=started.attempt,
+        worker_host=worker_host,
+        queue_wait_s=wait,
+        energy_j=energy[0],
+        energy_source=energy[1],
     )
     item = session.get(Item, started.item_id)
     repo.finish_item(session, item, body, metric)

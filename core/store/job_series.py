@@ -148,14 +148,15 @@ def jobs_overview(
         )
     ids = [j.id for j in jobs]
     sums = {
-        job_id: (tokens or 0, drafted or 0, accepted or 0, measured or 0)
-        for job_id, tokens, drafted, accepted, measured in session.execute(
+        job_id: (tokens or 0, drafted or 0, accepted or 0, measured or 0, joules)
+        for job_id, tokens, drafted, accepted, measured, joules in session.execute(
             select(
                 Item.job_id,
                 func.sum(Metric.completion_tokens),
                 func.sum(Metric.draft_tokens),
                 func.sum(Metric.accepted_tokens),
                 func.count(Metric.id),
+                func.sum(Metric.energy_j),
             )
             .join(Metric, Metric.item_id == Item.id)
             .where(Item.job_id.in_(ids))
@@ -172,7 +173,7 @@ def jobs_overview(
     now = repo.utcnow()
     out = []
     for j in jobs:
-        tokens, drafted, accepted, measured = sums.get(j.id, (0, 0, 0, 0))
+        tokens, drafted, accepted, measured, joules = sums.get(j.id, (0, 0, 0, 0, None))
         start = repo.aware(j.in_progress_at or j.created_at)
         end = repo.aware(j.completed_at or j.failed_at or j.cancelled_at) or now
         wall = max((end - start).total_seconds(), 0.0)
@@ -187,6 +188,7 @@ def jobs_overview(
                 "completion_tokens": tokens,
                 "tokens_per_s": tokens / wall if wall > 0 and tokens else None,
                 "acceptance_rate": accepted / drafted if drafted else None,
+                "energy_j": joules,  # None: not measured
                 "eta_s": repo.eta(j.status, open_items.get(j.id, 0), measured, tokens, wall)[
                     "seconds"
                 ],

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import case, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -862,6 +862,7 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
         # Requests a retry runs again (`applespec retry`, or the same `applespec run`).
         "resumable": resumable(session, job),
         "eta": eta(job.status, open_items, n, tokens, wall),
+        "energy": job_energy(session, job_id),
         "metrics": {
             "items_measured": n,
             "completion_tokens": tokens,
@@ -892,6 +893,42 @@ def eta(status: str, open_items: int, measured: int, tokens: int, wall_s: float)
         "seconds": remaining / (tokens / wall_s),
         "remaining_tokens": round(remaining),
         "open_requests": open_items,
+    }
+
+
+def per_1k(joules: float | None, tokens: int) -> float | None:
+    return joules * 1000 / tokens if joules is not None and tokens else None
+
+
+def job_energy(session: Session, job_id: str) -> dict[str, Any]:
+    """A job's measured energy: joules, joules per 1k completion tokens (over the requests
+    measured), and the same per worker host. None where nothing was measured."""
+    rows = session.execute(
+        select(
+            Metric.worker_host,
+            func.count(Metric.energy_j),
+            func.sum(Metric.energy_j),
+            func.sum(case((Metric.energy_j.is_not(None), Metric.completion_tokens), else_=0)),
+            func.max(Metric.energy_source),
+        )
+        .join(Item, Item.id == Metric.item_id)
+        .where(Item.job_id == job_id)
+        .group_by(Metric.worker_host)
+    ).all()
+    hosts = {
+        host: {"joules": j, "joules_per_1k_tokens": per_1k(j, tokens or 0), "source": src}
+        for host, measured, j, tokens, src in rows
+        if measured
+    }
+    measured = sum(r[1] for r in rows)
+    joules = sum(r[2] or 0.0 for r in rows) if measured else None
+    tokens = sum(r[3] or 0 for r in rows)
+    return {
+        "joules": joules,
+        "joules_per_1k_tokens": per_1k(joules, tokens),
+        "measured_requests": measured,
+        "sources": sorted({h["source"] for h in hosts.values() if h["source"]}),
+        "hosts": hosts,
     }
 
 
@@ -989,11 +1026,20 @@ def list_jobs(session: Session, limit: int = 50) -> list[Job]:
 
 
 def metric_row(
-    result: Any, *, attempt: int, worker_host: str, queue_wait_s: float | None
+    result: Any,
+    *,
+    attempt: int,
+    worker_host: str,
+    queue_wait_s: float | None,
+    energy_j: float | None = None,
+    energy_source: str | None = None,
 ) -> dict[str, Any]:
-    """A metrics row for an engine GenerationResult (its speculative and timing dicts)."""
+    """A metrics row for an engine GenerationResult (its speculative and timing dicts) and
+    the energy measured for it (core.energy; None: not measured)."""
     spec, timing = dict(result.speculative), dict(result.timing)
     return {
+        "energy_j": energy_j,
+        "energy_source": energy_source if energy_j is not None else None,
         "attempt": attempt,
         "worker_host": worker_host,
         "queue_wait_s": queue_wait_s,

@@ -39,13 +39,15 @@
       el("td", {}, String(c.failed)),
       el("td", {}, fmt(j.tokens_per_s, 1)),
       el("td", {}, fmt(j.acceptance_rate, 2)),
+      el("td", {class: "energy", title: "NVML or RAPL; – where not measured"},
+        j.energy_j === null || j.energy_j === undefined ? "–" : `${j.energy_j.toFixed(1)} J`),
       el("td", {}, j.created_at.slice(0, 19).replace("T", " ")));
   }
 
   function render(state) {
     const jobs = document.getElementById("jobs");
     jobs.replaceChildren(...(state.jobs.length ? state.jobs.map(jobRow)
-      : [el("tr", {class: "empty"}, el("td", {colspan: "9"}, "no jobs yet"))]));
+      : [el("tr", {class: "empty"}, el("td", {colspan: "10"}, "no jobs yet"))]));
     const workers = document.getElementById("workers");
     workers.replaceChildren(...(state.workers.length
       ? state.workers.map((w) => el("li", {}, el("b", {}, w.name), " ",
