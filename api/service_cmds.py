@@ -289,29 +289,15 @@ def retry_cmd(job_id: str, chunk_size: int | None) -> None:
     """Resume a job: queue its failed and cancelled requests again (bad input lines stay
     failed), and the requests whose worker died (their lease expired) without waiting for a
     worker's sweep. A cancelled job is in progress again."""
-    from core.store import repo
-    from worker.app import create_app
-    from worker.enqueue import broker_epoch, enqueue
+    from api.client import BrokerUnavailable, requeue
+    from core.store.repo import UnknownJob
 
     settings = Settings.from_env()
-    with _session() as s:
-        job = repo.get_job(s, job_id)
-        if job.mode != "service":
-            raise click.ClickException(f"{job_id} was run with `applespec run`; run it again")
-        try:
-            epoch = broker_epoch(settings.broker_url)
-        except Exception as e:
-            raise _broker_error(settings, e) from e
-        ids = repo.retry_job(s, job_id)
-        job.broker_epoch = epoch
-        s.commit()
-        try:
-            enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
-        except Exception as e:
-            job.broker_epoch = None  # a worker's sweep queues them once the broker answers
-            s.commit()
-            raise _broker_error(settings, e) from e
-    click.echo(f"{job_id}: {len(ids)} requests queued again")
+    try:
+        n = requeue(settings, open_store(settings), job_id, chunk_size)
+    except (UnknownJob, ValueError, BrokerUnavailable) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"{job_id}: {n} requests queued again")
 
 
 POOLS = ("prefork", "solo", "threads")

@@ -274,3 +274,39 @@ def cancel_batch(
             )
         repo.cancel_job(s, batch_id)
     return _batch(request, batch_id, key_id)
+
+
+# AppleSpec's own routes beside OpenAI's (the OpenAI client ignores them; api.remote uses them).
+
+
+@router.get("/batches/{batch_id}/status")
+def batch_status(
+    request: Request, batch_id: str, key_id: str | None = Depends(owner)
+) -> dict[str, Any]:
+    """The batch's job as `applespec status --json` shows it: counts, ETA, energy, metrics."""
+    with request.app.state.reader() as s:
+        try:
+            batches.get_batch(s, batch_id, key_id)
+        except batches.UnknownBatch as e:
+            raise not_found(str(e), param="batch_id") from e
+        return repo.job_summary(s, batch_id)
+
+
+@router.post("/batches/{batch_id}/retry")
+def retry_batch(
+    request: Request, batch_id: str, key_id: str | None = Depends(owner)
+) -> dict[str, Any]:
+    """Resume a batch: its failed and cancelled requests queued again (`applespec retry`)."""
+    from api.client import BrokerUnavailable, requeue
+
+    state = request.app.state
+    with state.reader() as s:
+        try:
+            batches.get_batch(s, batch_id, key_id)
+        except batches.UnknownBatch as e:
+            raise not_found(str(e), param="batch_id") from e
+    try:
+        queued = requeue(state.settings, state.sessions, batch_id)
+    except BrokerUnavailable as e:
+        raise OpenAIError(503, str(e), type="server_error", code="broker_unavailable") from e
+    return {**_batch(request, batch_id, key_id), "requeued": queued}
