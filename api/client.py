@@ -421,7 +421,8 @@ class Client:
                 yield line
 
     def cancel(self, job_id: str) -> str:
-        """Cancel a job: queued requests are dropped, running ones finish; its status."""
+        """Cancel a job (`applespec cancel`: queued requests dropped now, running ones at
+        their worker's next heartbeat); its status."""
         from core.store import repo
 
         with self.sessions() as s:

@@ -169,7 +169,8 @@ class RemoteClient:
         return batch
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
-        """Cancel: queued requests are dropped, running ones finish; the Batch object."""
+        """Cancel (`applespec cancel`: queued requests dropped now, running ones at their
+        worker's next heartbeat); the Batch object."""
         return self._call("POST", f"/batches/{batch_id}/cancel")
 
     def retry(self, batch_id: str) -> int:

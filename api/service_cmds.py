@@ -273,8 +273,9 @@ def jobs_cmd(limit: int, as_json: bool) -> None:
 @click.command("cancel")
 @click.argument("job_id")
 def cancel_cmd(job_id: str) -> None:
-    """Cancel a job: queued requests are dropped now; requests already running finish and
-    their results are kept. `applespec retry JOB` resumes a cancelled job."""
+    """Cancel a job: queued requests are dropped now; requests already running stop at
+    their worker's next heartbeat (APPLESPEC_HEARTBEAT_INTERVAL, 5 s), and one that
+    finishes before then keeps its result. `applespec retry JOB` resumes a cancelled job."""
     from core.store import repo
 
     with _session() as s:

@@ -261,7 +261,8 @@ def list_batches(
 def cancel_batch(
     request: Request, batch_id: str, key_id: str | None = Depends(owner)
 ) -> dict[str, Any]:
-    """Cancel: queued requests are dropped, running ones finish, then `cancelled`."""
+    """Cancel: queued requests are dropped now, running ones at their worker's next
+    heartbeat (a row that finishes first keeps its result), then `cancelled`."""
     with request.app.state.sessions() as s:
         try:
             batch = batches.get_batch(s, batch_id, key_id)

@@ -602,7 +602,9 @@ def open_item_ids(
 
 
 def cancel_job(session: Session, job_id: str) -> Job:
-    """Stop a job: pending items are cancelled now, running ones finish, then `cancelled`.
+    """Stop a job: pending items are cancelled now; running ones are dropped by their
+    worker at its next heartbeat (one that finishes first keeps its result), then
+    `cancelled`.
 
     A running item whose lease has expired (its worker died) is cancelled now too, so the job
     always ends `cancelled`; one whose worker dies later is cancelled by the sweeper.
