@@ -395,9 +395,14 @@ class Client:
             if idle:
                 warnings.warn(idle, NoWorkerWarning, stacklevel=2)
             if progress:
+                from core.store.repo import duration
+
                 c = status["request_counts"]
+                eta = status["eta"]["seconds"]
+                shown = f", ETA {duration(eta)}" if eta is not None else ""
                 print(
-                    f"\r{job_id}: {status['status']} {c['completed'] + c['failed']}/{c['total']}",
+                    f"\r{job_id}: {status['status']} {c['completed'] + c['failed']}/{c['total']}"
+                    f"{shown}",
                     end="" if status["status"] not in JOB_DONE else "\n",
                     file=sys.stderr,
                     flush=True,

@@ -46,6 +46,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
             Metric.cache_s,
             Metric.speculative,
             Metric.timing,
+            Metric.energy_j,
         )
         .join(Metric, Metric.item_id == Item.id)
         .where(Item.job_id == job_id)
@@ -55,6 +56,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
     acceptance: list[float | None] = []
     cumulative: list[float | None] = []
     waits: list[float | None] = []
+    energy: list[float | None] = []  # joules per 1k completion tokens, per item
     batch_sizes: list[float | None] = []
     per_position: list[int] = []
     phases = dict.fromkeys(PHASES, 0.0)
@@ -67,6 +69,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
         acceptance.append(a / d if d else None)
         cumulative.append(accepted / drafted if drafted else None)
         waits.append(r.queue_wait_s)
+        energy.append(repo.per_1k(r.energy_j, r.completion_tokens or 0))
         size = (r.timing or {}).get("batch_size")
         batch_sizes.append(float(size) if isinstance(size, int | float) else None)
         for i, n in enumerate((r.speculative or {}).get("accepted_per_position") or ()):
@@ -80,8 +83,18 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
         host = r.worker_host.rsplit(":", 1)[0]
         w = workers.setdefault(
             host,
-            {"tokens": 0, "items": 0, "engine_s": 0.0, "first": None, "last": None, "pids": set()},
+            {
+                "tokens": 0,
+                "items": 0,
+                "engine_s": 0.0,
+                "first": None,
+                "last": None,
+                "pids": set(),
+                "joules": None,
+            },
         )
+        if r.energy_j is not None:
+            w["joules"] = (w["joules"] or 0.0) + r.energy_j
         w["pids"].add(r.worker_host)
         w["tokens"] += r.completion_tokens or 0
         w["items"] += 1
@@ -101,6 +114,9 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
             "acceptance": _buckets(acceptance, max_points),
             "cumulative_acceptance": _buckets(cumulative, max_points),
             "queue_wait_s": _buckets(waits, max_points),
+            "joules_per_1k_tokens": _buckets(energy, max_points)
+            if any(e is not None for e in energy)
+            else None,
             "batch_size": _buckets(batch_sizes, max_points)
             if any(b is not None for b in batch_sizes)
             else None,
@@ -116,6 +132,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
                 # Wall-clock over the host's span in this job: right under batching too.
                 "tokens_per_s": w["tokens"] / span if (span := _span(w)) > 0 else None,
                 "engine_tokens_per_s": w["tokens"] / w["engine_s"] if w["engine_s"] > 0 else None,
+                "joules": w["joules"],  # None: not measured
             }
             for host, w in sorted(workers.items())
         ],

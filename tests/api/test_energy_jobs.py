@@ -58,13 +58,19 @@ def _run(tmp_path, env: dict[str, str]) -> str:
     return json.loads(out.stdout)["id"]
 
 
-def _metrics(store_url: str) -> str:
+def _served(store_url: str, path: str = "/metrics"):
+    """A page of the HTTP app on this store: /metrics as text, a dashboard route as JSON."""
     from api.http.app import create_app
     from core.settings import Settings
 
     settings = dataclasses.replace(Settings.from_env({}), database_url=store_url)
     with TestClient(create_app(settings, monitor=False)) as client:
-        return client.get("/metrics").text
+        r = client.get(path)
+        return r.text if path == "/metrics" else r.json()
+
+
+def _metrics(store_url: str) -> str:
+    return _served(store_url)
 
 
 def test_energy_from_nvml_per_request_job_and_host(tmp_path, store):
@@ -86,6 +92,13 @@ def test_energy_from_nvml_per_request_job_and_host(tmp_path, store):
     report = tmp_path / "report.html"
     assert CliRunner().invoke(cli, ["report", job_id, "-o", str(report)]).exit_code == 0
     assert 'data-key="energy.joules" data-value="12.0"' in report.read_text()
+    # Per request (the job page's series, in finish order) and per worker host.
+    series = _served(store, f"/dashboard/jobs/{job_id}")
+    per_item = [v for v in series["items"]["joules_per_1k_tokens"] if v is not None]
+    assert len(per_item) == 3 and all(v > 0 for v in per_item)
+    assert [w["joules"] for w in series["workers"]] == [pytest.approx(12.0)]
+    dashboard = _served(store, "/dashboard/state")
+    assert [j["energy_j"] for j in dashboard["jobs"]] == [pytest.approx(12.0)]
     scraped = _metrics(store)
     assert 'applespec_energy_joules_total{model_name="tiny-random",worker_host="local"} 12.0' in (
         scraped
