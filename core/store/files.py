@@ -24,7 +24,9 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     func,
+    insert,
     select,
+    text,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -71,7 +73,8 @@ class File(Base):
     filename: Mapped[str] = mapped_column(String(1024))
     size: Mapped[int] = mapped_column("bytes", BigInteger)  # the API's `bytes`
     lines: Mapped[int] = mapped_column(Integer)  # non-blank lines
-    content: Mapped[bytes | None] = mapped_column(LargeBinary)  # uploads only; None once deleted
+    # Uploads only; None once deleted. Deferred: a row is loaded without its bytes.
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     kind: Mapped[str | None] = mapped_column(String(16))  # "output" | "error" for batch files
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -157,20 +160,36 @@ class _Unclosed:
 def store_upload(
     session: Session, *, key_id: str | None, filename: str, purpose: str, f: BinaryIO, lines: int
 ) -> File:
-    """Store a checked upload (the binary file `f`, from its start) in one row. Commits."""
+    """Store a checked upload (the binary file `f`, from its start) in one row. Commits.
+
+    On SQLite the bytes are written a slice at a time into a zeroblob of the file's size
+    (incremental blob I/O), so the upload is never whole in memory; other databases take
+    it as one parameter.
+    """
+    f.seek(0, io.SEEK_END)
+    size = f.tell()
     f.seek(0)
-    data = f.read()
-    file = File(
-        id=f"file-{uuid.uuid4().hex[:24]}",
-        key_id=key_id,
-        purpose=purpose,
-        filename=filename,
-        size=len(data),
-        lines=lines,
-        content=data,
-        created_at=utcnow(),
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    session.execute(
+        insert(File).values(
+            id=file_id,
+            key_id=key_id,
+            purpose=purpose,
+            filename=filename,
+            size=size,
+            lines=lines,
+            content=func.zeroblob(size) if sqlite else f.read(),
+            created_at=utcnow(),
+        )
     )
-    session.add(file)
+    if sqlite:
+        rowid = session.scalar(select(text("rowid")).select_from(File).where(File.id == file_id))
+        driver = session.connection().connection.driver_connection
+        with driver.blobopen("files", "content", rowid) as blob:
+            while piece := f.read(READ_CHUNK):
+                blob.write(piece)
+    file = session.get(File, file_id)
     session.commit()
     return file
 
