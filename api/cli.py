@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -49,8 +50,19 @@ for _command in (
     cli.add_command(_command)
 
 
+# The commands that run the engine's matmuls; only these re-execute with OpenBLAS preloaded
+# (a re-exec would double the start-up of `--version`, `--help`, `status`, `jobs`...).
+ENGINE_COMMANDS = frozenset({"run", "bench", "calibrate", "costs", "worker", "models"})
+
+
+def command_name(argv: list[str]) -> str | None:
+    """The subcommand named in `argv` (the arguments after the program), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main() -> None:
-    reexec_with_openblas()  # Linux CPU: swap MLX's reference BLAS for OpenBLAS (~10x matmuls)
+    if command_name(sys.argv[1:]) in ENGINE_COMMANDS:
+        reexec_with_openblas()  # Linux CPU: MLX's reference BLAS swapped for OpenBLAS (~10x)
     # mlx-lm imports transformers for its tokenizers; its "PyTorch was not found" notice is noise.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     cli()

@@ -182,6 +182,42 @@ def submit_lines(
 
 
 @functools.lru_cache(maxsize=8)
+def requeue(settings: Settings, sessions, job_id: str, chunk_size: int | None = None) -> int:
+    """Resume a service job (core.store.repo.retry_job) and queue what it reopened; how
+    many requests were queued again.
+
+    Raises:
+        UnknownJob: no such job.
+        ValueError: the job was run by `applespec run` (run the same command again).
+        BrokerUnavailable: Redis is down; the reopened items stay pending and a worker's
+            sweep queues them once the broker answers.
+    """
+    from core.store import batches, repo
+    from worker.app import create_app
+    from worker.enqueue import broker_epoch, enqueue
+
+    with sessions() as s:
+        job = repo.get_job(s, job_id)
+        if job.mode != "service":
+            raise ValueError(f"{job_id} was run with `applespec run`; run it again")
+        try:
+            epoch = broker_epoch(settings.broker_url)
+        except Exception as e:
+            raise BrokerUnavailable(broker_message(settings, e)) from e
+        ids = repo.retry_job(s, job_id)
+        if ids:
+            batches.reopen_outputs(s, job_id)
+        job.broker_epoch = epoch
+        s.commit()
+        try:
+            enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
+        except Exception as e:
+            job.broker_epoch = None  # a worker's sweep queues them once the broker answers
+            s.commit()
+            raise BrokerUnavailable(broker_message(settings, e)) from e
+    return len(ids)
+
+
 def _tokenizer_target(model: str):
     return tokenizer_target(model)
 
@@ -359,9 +395,14 @@ class Client:
             if idle:
                 warnings.warn(idle, NoWorkerWarning, stacklevel=2)
             if progress:
+                from core.store.repo import duration
+
                 c = status["request_counts"]
+                eta = status["eta"]["seconds"]
+                shown = f", ETA {duration(eta)}" if eta is not None else ""
                 print(
-                    f"\r{job_id}: {status['status']} {c['completed'] + c['failed']}/{c['total']}",
+                    f"\r{job_id}: {status['status']} {c['completed'] + c['failed']}/{c['total']}"
+                    f"{shown}",
                     end="" if status["status"] not in JOB_DONE else "\n",
                     file=sys.stderr,
                     flush=True,
@@ -373,15 +414,25 @@ class Client:
             time.sleep(interval)
 
     def results(self, job_id: str) -> Iterator[dict[str, Any]]:
-        """The job's output lines (OpenAI Batch format) in input order; errors included."""
+        """The job's output lines (OpenAI Batch format) in input order; errors included.
+
+        Streamed from the store a slice at a time (never the whole job in memory); the read
+        session stays open while the iterator is consumed.
+        """
         from core.store import repo
 
         with self.reader() as s:
-            lines = [line for _, line in repo.output_lines(s, job_id)]
-        yield from lines
+            for _, line in repo.output_lines(s, job_id):
+                yield line
 
     def cancel(self, job_id: str) -> str:
+        """Cancel a job (`applespec cancel`: queued requests dropped now, running ones at
+        their worker's next heartbeat); its status."""
         from core.store import repo
 
         with self.sessions() as s:
             return repo.cancel_job(s, job_id).status
+
+    def retry(self, job_id: str, chunk_size: int | None = None) -> int:
+        """Resume a job: its failed and cancelled requests queued again; how many."""
+        return requeue(self.settings, self.sessions, job_id, chunk_size)

@@ -7,8 +7,9 @@ import json
 import click
 
 from api.blas import blas_status
-from core.engine.model import ModelError
-from core.engine.registry import REGISTRY, install_hint, model_dir, model_path, part_files, pull
+
+# core.engine (MLX, mlx-lm, transformers) is imported inside the commands: importing it here
+# would make every `applespec` command, `--version` and `--help` included, pay for it.
 
 
 @click.group(invoke_without_command=True)
@@ -26,6 +27,8 @@ def models(ctx: click.Context, as_json: bool, verbose: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    from core.engine.registry import REGISTRY, install_hint, model_dir, model_path
+
     rows = []
     for entry in REGISTRY.values():
         path = model_path(entry)
@@ -67,6 +70,9 @@ def pull_cmd(name: str, force: bool) -> None:
     Example:
         applespec models pull qwen2.5-coder-1.5b
     """
+    from core.engine.model import ModelError
+    from core.engine.registry import REGISTRY, install_hint, model_path, part_files, pull
+
     entry = REGISTRY.get(name)
     if entry is None:
         raise click.ClickException(f"unknown model {name!r}; known: {', '.join(REGISTRY)}")

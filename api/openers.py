@@ -10,12 +10,24 @@ from core.settings import Settings
 
 
 def open_store(settings: Settings, readonly: bool = False):
-    """A sessionmaker for the configured database, migrated to the latest revision."""
+    """A sessionmaker for the configured database, migrated to the latest revision.
+
+    A SQLite file named in APPLESPEC_DATABASE_URL must exist (a mistyped path is an error,
+    not a new empty database); only `applespec db upgrade` creates one there. The default
+    location ($XDG_DATA_HOME/applespec/applespec.db) is created on first use.
+    """
     from sqlalchemy.exc import SQLAlchemyError
 
     from api.client import open_sessions
-    from core.store.database import StoreGone
+    from core.settings import default_database_url
+    from core.store.database import StoreGone, sqlite_file
 
+    path = sqlite_file(settings.database_url)
+    if path is not None and not path.exists() and settings.database_url != default_database_url():
+        raise click.ClickException(
+            f"no database at {path} (APPLESPEC_DATABASE_URL): check the path, or create "
+            "a new database there with `applespec db upgrade`"
+        )
     try:
         return open_sessions(settings.database_url, readonly=readonly)
     except (SQLAlchemyError, StoreGone) as e:

@@ -38,7 +38,8 @@ def generation_options(f: Callable) -> Callable:
             default="auto",
             show_default=True,
             callback=_check_draft,
-            help="Drafter: none, ngram, early-exit:L, adapter[:L], draft-model:NAME, tree or auto.",
+            help="Drafter: none, ngram, suffix, tree, early-exit:L, adapter[:L], head[:W], "
+            "draft-model:NAME or auto.",
         ),
         click.option("--k", type=click.IntRange(min=1), help="Draft length (default: adaptive)."),
         click.option("--max-tokens", type=click.IntRange(min=1), help="Override max_tokens."),

@@ -37,6 +37,9 @@ SUMMARY_ROWS = (
     ("metrics.mean_accepted_length", "mean accepted length"),
     ("metrics.forced_tokens", "tokens forced by the schema"),
     ("metrics.mask_s", "grammar mask time (s)"),
+    ("energy.joules", "energy (J)"),
+    ("energy.joules_per_1k_tokens", "energy per 1k tokens (J)"),
+    ("eta.seconds", "ETA (s)"),
 )
 
 
@@ -47,9 +50,9 @@ def lookup(summary: dict[str, Any], dotted: str) -> Any:
     return value
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Any, key: str = "") -> str:
     if value is None:
-        return "–"
+        return "not measured" if key.startswith("energy.") else "–"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -156,7 +159,7 @@ def render(series: dict[str, Any], figs: list[tuple[str, bytes]]) -> str:
     summary = series["summary"]
     rows = "\n".join(
         f'<tr data-key="{key}" data-value="{html.escape(json.dumps(lookup(summary, key)))}">'
-        f"<th>{label}</th><td>{html.escape(_shown(lookup(summary, key)))}</td></tr>"
+        f"<th>{label}</th><td>{html.escape(_shown(lookup(summary, key), key))}</td></tr>"
         for key, label in SUMMARY_ROWS
     )
     images = "\n".join(

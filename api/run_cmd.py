@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -40,6 +42,18 @@ def _write(f, line: dict[str, Any]) -> None:
     f.flush()
 
 
+def run_digest(input_file: str, output: str, errors: str | None, *options: Any) -> str:
+    """What identifies one `applespec run`: the input's bytes, where its output goes and the
+    options. A run with the same digest resumes the stored job instead of starting over."""
+    digest = hashlib.sha256()
+    with open(input_file, "rb") as f:
+        while piece := f.read(1 << 20):
+            digest.update(piece)
+    where = [os.path.abspath(output), os.path.abspath(errors) if errors else None]
+    digest.update(json.dumps([where, options], default=str, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
 @click.command("run")
 @click.argument("input_file", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -70,14 +84,21 @@ def run_cmd(
     stored as it finishes. Bad lines get an error line (in --errors when given) and never
     stop the valid ones. Exit code 1 if any line failed.
 
+    Run the same command again (same input file, output, errors and options) after it was
+    interrupted, or when some requests failed, and it resumes: the stored results are
+    written again and only the rest runs.
+
     \b
     Example:
         applespec run job.jsonl -o results.jsonl --errors errors.jsonl --max-tokens 64
     """
+    from core.energy import EnergyClock, find_meter
     from core.jobs import generation_params, prompt_tokens
     from core.store import repo
     from core.store.database import StoreGone
-    from worker.process import start_item, store_error, store_result
+    from core.store.models import JOB_DONE
+    from worker.owner import owner_is_dead, worker_name
+    from worker.process import crash_hook, start_item, store_error, store_result
 
     settings = Settings.from_env()
     model = settings.resolve_model(model)
@@ -103,28 +124,48 @@ def run_cmd(
     # One-time setup (the surface for at most this job's rows) before the job's clock.
     engine.max_rows = batch_size or max(len(requests), 1)
     setup_s = engine.prepare()
+    digest = run_digest(input_file, output, errors, model, draft, k, params)
     with contextlib.ExitStack() as stack:
         # Open the outputs before the job exists: a bad path is a one-line error, not a
         # job left in progress.
         out = stack.enter_context(open_output(output))
         err_out = stack.enter_context(open_output(errors)) if errors else out
         sessions = open_store(settings)
+        stored: dict[int, dict[str, Any]] = {}
         with sessions() as s:
-            job = repo.create_job(
-                s,
-                model=model,
-                drafter=draft,
-                k=k,
-                params=params,
-                mode="embedded",
-                input_file=input_file,
-                requests=requests,
-                errors=bad,
-            )
-            repo.mark_in_progress(s, job.id)
-            s.commit()
-            job_id = job.id
-            item_ids = repo.open_item_ids(s, job_id)
+            repo.interrupt_dead_runs(s, owner_is_dead)
+            previous = repo.find_resumable_run(s, digest)
+            if previous is not None and previous.status not in JOB_DONE:
+                raise click.ClickException(
+                    f"{previous.id} runs this file into {output} in another live process; "
+                    "wait for it, or write to another output file"
+                )
+            if previous is not None:
+                job_id = previous.id
+                item_ids = repo.reopen_run(s, job_id)
+                for number, custom_id, body in repo.stored_results(s, job_id):
+                    stored[number] = output_line(job_id, number, custom_id, body=body)
+                click.echo(
+                    f"resuming {job_id}: {len(stored)} results stored, {len(item_ids)} to run",
+                    err=True,
+                )
+            else:
+                job = repo.create_job(
+                    s,
+                    model=model,
+                    drafter=draft,
+                    k=k,
+                    params=params,
+                    mode="embedded",
+                    input_file=input_file,
+                    requests=requests,
+                    errors=bad,
+                    submission_hash=digest,
+                )
+                repo.mark_in_progress(s, job.id)
+                s.commit()
+                job_id = job.id
+                item_ids = repo.open_item_ids(s, job_id)
 
         failed = len(bad)
         tokens = steps = 0
@@ -135,7 +176,7 @@ def run_cmd(
                 _write(err_out, output_line(job_id, e.line, e.custom_id, error=e.to_error()))
             pending_errors = []
         bar = stack.enter_context(
-            click.progressbar(length=len(item_ids), label="requests", file=sys.stderr)
+            click.progressbar(length=len(item_ids) + len(stored), label="requests", file=sys.stderr)
         )
         # Every item through one continuous batch; output lines in input order (a line
         # is written as soon as every earlier line is), each result stored as it finishes.
@@ -146,6 +187,10 @@ def run_cmd(
         def emit(line: int, entry: tuple) -> None:
             nonlocal failed, tokens, steps
             kind, what = entry
+            if kind == "stored":  # a result of the run this one resumes
+                _write(out, what)
+                bar.update(1)
+                return
             if kind == "bad":
                 _write(out, output_line(job_id, what.line, what.custom_id, error=what.to_error()))
                 return
@@ -170,14 +215,17 @@ def run_cmd(
 
         for e in pending_errors:
             ready[e.line] = ("bad", e)
+        for number, line in stored.items():
+            ready[number] = ("stored", line)
         try:
             started_items = []
+            me = worker_name()  # recorded on each item: a reader sees when this process died
             with sessions() as s:
                 for item_id in item_ids:
-                    st = start_item(s, item_id, max_attempts=1, worker_host="local")
+                    st = start_item(s, item_id, max_attempts=1, worker_host=me)
                     if st is not None:
                         started_items.append(st)
-            lines_left = sorted(lines_left + [st.line for st in started_items])
+            lines_left = sorted(lines_left + list(stored) + [st.line for st in started_items])
             for st in started_items:
                 try:
                     batch.submit(
@@ -189,9 +237,17 @@ def run_cmd(
                     with sessions() as s:
                         ready[st.line] = ("done", store_error(s, st, e))
             flush()
+            energy = EnergyClock(find_meter())
+            energy.mark()
             for r in batch.run():
+                joules = energy.split()
                 with sessions() as s:
-                    ready[r.tag.line] = ("done", store_result(s, r.tag, r, "local"))
+                    ready[r.tag.line] = (
+                        "done",
+                        store_result(s, r.tag, r, "local", (joules, energy.source)),
+                    )
+                if hook := crash_hook(r.tag.custom_id):  # tests only: die with items running
+                    hook()
                 flush()
         except StoreGone as e:
             raise click.ClickException(f"{e}; stopped (results so far are in {output})") from e

@@ -18,10 +18,13 @@ from core.settings import Settings
 @contextmanager
 def _session(readonly: bool = False):
     """A session on the configured store; an unknown job id is a one-line error."""
-    from core.store.repo import UnknownJob
+    from core.store.repo import UnknownJob, interrupt_dead_runs
+    from worker.owner import owner_is_dead
 
     sessions = open_store(Settings.from_env(), readonly=readonly)
     with sessions() as session:
+        # An `applespec run` whose process died shows as interrupted, not running forever.
+        interrupt_dead_runs(session, owner_is_dead)
         try:
             yield session
         except UnknownJob as e:
@@ -114,6 +117,8 @@ def submit_cmd(
 
 
 def _status_line(summary: dict[str, Any]) -> str:
+    from core.store.repo import duration
+
     c, m = summary["request_counts"], summary["metrics"]
     line = f"{summary['id']}: {summary['status']}, {c['completed']}/{c['total']} completed"
     line += f", {c['failed']} failed"
@@ -125,6 +130,23 @@ def _status_line(summary: dict[str, Any]) -> str:
         line += f", mean accepted length {m['mean_accepted_length']:.2f}"
     if m.get("forced_tokens") is not None:
         line += f"; {m['forced_tokens']} tokens forced by the schema, {m['mask_s']:.2f} s in masks"
+    energy = summary["energy"]
+    if energy["joules"] is None:
+        line += "; energy not measured"
+    else:
+        per = energy["joules_per_1k_tokens"]
+        line += f"; {energy['joules']:.1f} J" + (f" ({per:.1f} J/1k tokens)" if per else "")
+        line += f" by {', '.join(energy['sources'])}"
+    eta = summary["eta"]["seconds"]
+    if eta is not None:
+        line += f"; ETA {duration(eta)}"
+    if summary.get("resumable"):
+        how = (
+            "run the same `applespec run` command again"
+            if summary["mode"] == "embedded"
+            else f"`applespec retry {summary['id']}`"
+        )
+        line += f"; {summary['resumable']} requests resumable: {how}"
     return line
 
 
@@ -154,6 +176,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
     from api.client import IdleWatch
     from core.store import repo
     from core.store.models import JOB_DONE
+    from worker.owner import owner_is_dead
 
     settings = Settings.from_env()
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -168,6 +191,8 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                 c = summary["request_counts"]
                 bar.update(max(0, c["completed"] + c["failed"] - seen))
                 seen = c["completed"] + c["failed"]
+                if summary["eta"]["seconds"] is not None:
+                    bar.label = f"{job_id} (ETA {repo.duration(summary['eta']['seconds'])})"
                 if summary["status"] in JOB_DONE:
                     break
                 idle = watch.check(s)
@@ -178,6 +203,7 @@ def wait_cmd(job_id: str, timeout: float | None, interval: float) -> None:
                     sys.exit(2)
                 s.rollback()
                 time.sleep(interval)
+                repo.interrupt_dead_runs(s, owner_is_dead)
                 summary = repo.job_summary(s, job_id)
                 s.rollback()  # end the read transaction: never hold the store between polls
     click.echo(_status_line(summary), err=True)
@@ -249,7 +275,9 @@ def jobs_cmd(limit: int, as_json: bool) -> None:
 @click.command("cancel")
 @click.argument("job_id")
 def cancel_cmd(job_id: str) -> None:
-    """Cancel a job: queued requests are dropped, running ones finish."""
+    """Cancel a job: queued requests are dropped now; requests already running stop at
+    their worker's next heartbeat (APPLESPEC_HEARTBEAT_INTERVAL, 5 s), and one that
+    finishes before then keeps its result. `applespec retry JOB` resumes a cancelled job."""
     from core.store import repo
 
     with _session() as s:
@@ -261,31 +289,26 @@ def cancel_cmd(job_id: str) -> None:
 @click.argument("job_id")
 @click.option("--chunk-size", type=click.IntRange(min=1))
 def retry_cmd(job_id: str, chunk_size: int | None) -> None:
-    """Queue a job's failed requests again (bad input lines stay failed), and the requests
-    whose worker died (their lease expired) without waiting for a worker's sweep."""
-    from core.store import repo
-    from worker.app import create_app
-    from worker.enqueue import broker_epoch, enqueue
+    """Resume a job: queue its failed and cancelled requests again (bad input lines stay
+    failed), and the requests whose worker died (their lease expired) without waiting for a
+    worker's sweep. A cancelled job is in progress again."""
+    from api.client import BrokerUnavailable, requeue
+    from core.store.repo import UnknownJob
 
     settings = Settings.from_env()
-    with _session() as s:
-        job = repo.get_job(s, job_id)
-        if job.mode != "service":
-            raise click.ClickException(f"{job_id} was run with `applespec run`; run it again")
-        try:
-            epoch = broker_epoch(settings.broker_url)
-        except Exception as e:
-            raise _broker_error(settings, e) from e
-        ids = repo.retry_job(s, job_id)
-        job.broker_epoch = epoch
-        s.commit()
-        try:
-            enqueue(create_app(settings), s, job_id, ids, chunk_size or settings.chunk_size)
-        except Exception as e:
-            job.broker_epoch = None  # a worker's sweep queues them once the broker answers
-            s.commit()
-            raise _broker_error(settings, e) from e
-    click.echo(f"{job_id}: {len(ids)} requests queued again")
+    try:
+        n = requeue(settings, open_store(settings), job_id, chunk_size)
+    except (UnknownJob, ValueError, BrokerUnavailable) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"{job_id}: {n} requests queued again")
+
+
+POOLS = ("prefork", "solo", "threads")
+
+
+def default_pool() -> str:
+    """`solo` on macOS (no fork after MLX: celery #9894, Metal), `prefork` elsewhere."""
+    return "solo" if sys.platform == "darwin" else "prefork"
 
 
 @click.command("worker", context_settings={"ignore_unknown_options": True})
@@ -295,6 +318,16 @@ def retry_cmd(job_id: str, chunk_size: int | None) -> None:
 @batch_option
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option("--hostname", "-n", help="Node name (default: applespec-PID@HOST).")
+@click.option(
+    "--pool",
+    type=click.Choice(POOLS),
+    default=default_pool,
+    envvar="APPLESPEC_WORKER_POOL",
+    show_default="solo on macOS, prefork elsewhere",
+    help="Celery pool. `solo` runs the model in this process, which never forks (the "
+    "default on macOS, where a forked process cannot use Metal); run several workers for "
+    "several processes.",
+)
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker_cmd(
     model: str,
@@ -303,16 +336,23 @@ def worker_cmd(
     batch_size: int | None,
     loglevel: str,
     hostname: str | None,
+    pool: str,
     celery_args: tuple[str, ...],
 ) -> None:
     """Start a Celery worker for a model's queue; each pool process loads the model once
     and runs one continuous batch fed by the chunks it takes.
 
+    MLX is loaded only in the process that runs the model, after any fork, on its engine
+    thread (worker.runtime): the parent of a prefork pool never imports it. On macOS the
+    default pool is `solo` (celery #9894: prefork crashes there; Metal is not fork-safe):
+    for N processes per Mac, start N workers, e.g. `honcho start -c worker=N`.
+
     Extra arguments go to `celery worker` unchanged.
 
     \b
-    Example:
-        applespec worker --model smollm2-135m --concurrency 2
+    Examples:
+        applespec worker --model smollm2-135m --concurrency 2      # Linux: prefork
+        applespec worker --model smollm2-135m --pool solo          # one process
     """
     import dataclasses
     import os
@@ -322,6 +362,11 @@ def worker_cmd(
     env = Settings.from_env()
     model = env.resolve_model(model)
     settings = dataclasses.replace(env, model=model, batch_size=batch_size or env.batch_size)
+    if pool == "solo" and concurrency > 1:
+        raise click.ClickException(
+            "--pool solo runs one process: start several workers for more (each with its "
+            "own --hostname), or use --pool prefork where fork is safe (Linux)"
+        )
     _check_store(settings)
     app = create_app(settings)
     argv = [
@@ -330,7 +375,7 @@ def worker_cmd(
         f"--concurrency={concurrency}",
         f"--loglevel={loglevel}",
         f"--hostname={hostname or f'applespec-{os.getpid()}@%h'}",
-        "--pool=prefork",
+        f"--pool={pool}",
         *celery_args,
     ]
     app.worker_main(argv)

@@ -779,10 +779,16 @@ def iter_job_file(
             f"{os.fspath(path)} has {size} bytes, above the limit of {limits.file_bytes} "
             "(APPLESPEC_MAX_FILE_BYTES); split it into several jobs"
         )
-    return _stream_lines(open(path, "rb"), limits.line_bytes)  # noqa: SIM115 - closed by it
+    return stream_job_lines(open(path, "rb"), limits.line_bytes)  # noqa: SIM115 - closed by it
 
 
-def _stream_lines(f: Any, limit: int) -> Iterator[bytes | LongLine]:
+def stream_job_lines(f: Any, limit: int) -> Iterator[bytes | LongLine]:
+    """The lines of a binary stream `f` as raw bytes, a `LongLine` for each past `limit` bytes.
+
+    Every entry point splits job files here (a path in `iter_job_file`, an HTTP upload in
+    core.store.files), so each gets the same per-line checks from `parse_job`. Closes `f`
+    once the lines are exhausted.
+    """
     with f:
         while line := f.readline(limit + 2):  # + "\r\n"
             if len(line) <= limit or line.endswith(b"\n"):

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from core.draft_policy import DraftNotAllowed
-from core.engine.memory import RequestTooLarge
-from core.engine.model import ModelError
 from core.jobs import JobRequest, completion_body
 from core.store import repo
 from core.store.models import Item
+
+from .owner import owner_is_dead, worker_name  # noqa: F401 - their home before worker.owner
 
 # Test-only: a comma-separated list of custom_ids that make the worker process die
 # (os._exit) when it starts them, to exercise the poison-item cap. Unset in production.
@@ -25,36 +23,6 @@ CRASH_ENV = "APPLESPEC_TEST_CRASH_ON"
 # Test-only: seconds to wait before running each item, to make a chunk slower than the
 # broker's visibility timeout or a shutdown land mid-chunk. Unset in production.
 DELAY_ENV = "APPLESPEC_TEST_ITEM_DELAY"
-
-
-def worker_name() -> str:
-    """`host:pid` of this process: the owner of the leases it takes, recorded on the items it
-    starts and in their metrics."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def owner_is_dead(owner: str) -> bool:
-    """Whether the lease owner `host:pid` surely no longer runs: a process of this host
-    that does not exist (or is a zombie). Another host's process is never presumed dead;
-    its lease runs out instead.
-
-    A pool process killed outright has its chunk redelivered at once; this lets the next
-    process take over its items without waiting for the lease to expire. Host names must
-    be unique per process namespace (as Celery's node names assume).
-    """
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):
-        return False
-    try:  # Linux: a zombie is dead, only not yet reaped
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
@@ -117,6 +85,9 @@ def start_item(
 
 def error_of(started: Started, e: BaseException) -> dict[str, str]:
     """The per-item error record of a failure while preparing or running it."""
+    from core.engine.memory import RequestTooLarge  # here: importing worker code loads no MLX
+    from core.engine.model import ModelError
+
     code = (
         "model_error"
         if isinstance(e, ModelError)
@@ -129,8 +100,15 @@ def error_of(started: Started, e: BaseException) -> dict[str, str]:
     return {"code": code, "message": f"line {started.line}: {type(e).__name__}: {e}"}
 
 
-def store_result(session: Session, started: Started, result: Any, worker_host: str) -> Outcome:
-    """Store a finished item's response and metrics (once; a repeat is a no-op)."""
+def store_result(
+    session: Session,
+    started: Started,
+    result: Any,
+    worker_host: str,
+    energy: tuple[float | None, str | None] = (None, None),
+) -> Outcome:
+    """Store a finished item's response and metrics (once; a repeat is a no-op); `energy`
+    is (joules, source) from core.energy.EnergyClock, (None, None) when not measured."""
     body = completion_body(started.job_model, result, request=started.request)
     wait = (
         (started.started_at - started.queued_at).total_seconds()
@@ -138,7 +116,12 @@ def store_result(session: Session, started: Started, result: Any, worker_host: s
         else None
     )
     metric = repo.metric_row(
-        result, attempt=started.attempt, worker_host=worker_host, queue_wait_s=wait
+        result,
+        attempt=started.attempt,
+        worker_host=worker_host,
+        queue_wait_s=wait,
+        energy_j=energy[0],
+        energy_source=energy[1],
     )
     item = session.get(Item, started.item_id)
     repo.finish_item(session, item, body, metric)

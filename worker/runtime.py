@@ -3,8 +3,9 @@ and one engine thread that runs a continuous batch of the items its chunk tasks 
 
 Chunk tasks run in the pool process's main thread: they lease and claim their items, hand
 each to `Runtime.submit` and return, so the next chunk arrives while these still run;
-several chunks feed one batch. Only the engine thread touches MLX (Metal state cannot be
-forked, so nothing is loaded before the pool forks). Finished items go to the `done`
+several chunks feed one batch. Only the engine thread touches MLX: it is the thread that
+first imports it (so mlx-lm's generation stream belongs to it: streams are per thread), and
+nothing is loaded before the pool forks (Metal state cannot be forked). Finished items go to the `done`
 callback the task gave, which stores them from a writer thread: a row's result is written
 as soon as the row finishes, and the engine never waits on the database.
 
@@ -37,7 +38,8 @@ class Work:
         key: (model, drafter, k) of the engine that runs it.
         prompt: token ids, or a function of the loaded target giving them (the engine
             thread tokenizes, once the model is loaded).
-        params: core.engine GenerationParams.
+        params: core.engine GenerationParams, or a function giving them (called on the
+            engine thread, which alone imports MLX).
         done: called once, from the engine thread, with (work, result, error).
         isolate: run it alone (an item that was running when its worker died).
         on_admit: called when its row joins the batch (a test hook crashes here).
@@ -308,7 +310,8 @@ class Runtime:
             if b is None:
                 b = batches[w.key] = engine.new_batch()
             prompt = w.prompt(engine.target) if callable(w.prompt) else w.prompt
-            b.submit(prompt, w.params, tag=w, isolate=w.isolate, on_admit=w.on_admit, corpus=w.job)
+            params = w.params() if callable(w.params) else w.params
+            b.submit(prompt, params, tag=w, isolate=w.isolate, on_admit=w.on_admit, corpus=w.job)
         except Exception as e:  # a bad model or prompt fails this item alone
             self._deliver(w, None, e)
 

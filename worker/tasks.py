@@ -18,6 +18,7 @@ from celery.exceptions import Reject
 from sqlalchemy.exc import OperationalError
 
 from core.draft_policy import resolve_draft
+from core.energy import EnergyClock, find_meter
 from core.jobs import generation_params, prompt_tokens
 from core.settings import Settings
 from core.store import repo
@@ -92,13 +93,16 @@ class Writer:
         self.sessions = _sessions(settings.database_url)
         self.beat = beat
         self.worker = worker_name()
+        self.energy = EnergyClock(find_meter())  # None readings where nothing is readable
         self._seen: dict[str, tuple[int, float]] = {}  # job -> (last result id, when read)
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="applespec-writer", daemon=True)
         self._thread.start()
 
     def done(self, work: Work, result, error) -> None:
-        self._q.put((work.tag, result, error))
+        # Called on the engine thread as the row finishes: the energy since the last finish.
+        joules = self.energy.split() if error is None else None
+        self._q.put((work.tag, result, error, (joules, self.energy.source)))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything handed in so far is stored."""
@@ -121,7 +125,7 @@ class Writer:
             finally:
                 self._q.task_done()
 
-    def _store(self, started: Started, result, error) -> None:
+    def _store(self, started: Started, result, error, energy=(None, None)) -> None:
         try:
             with self.sessions() as session:
                 if isinstance(error, Cancelled):
@@ -129,7 +133,7 @@ class Writer:
                 elif error is not None:
                     store_error(session, started, error)
                 else:
-                    store_result(session, started, result, self.worker)
+                    store_result(session, started, result, self.worker, energy)
             if error is None:
                 self._share(started)
         finally:
@@ -221,8 +225,7 @@ def run_chunk(
             continue
         try:
             key = _engine_key(settings, started)
-            params = generation_params(started.request)
-        except Exception as e:  # a bad drafter or parameter fails the item alone
+        except Exception as e:  # a bad drafter fails the item alone
             with sessions() as session:
                 store_error(session, started, e)
             beat.drop([item_id])
@@ -232,7 +235,9 @@ def run_chunk(
         work = Work(
             key=key,
             prompt=lambda target, r=request: prompt_tokens(target, r),
-            params=params,
+            # Built on the engine thread: it imports core.engine (MLX), whose streams belong
+            # to the thread that made them. A bad parameter fails the item alone there.
+            params=functools.partial(generation_params, request),
             done=out.done,
             on_admit=crash_hook(started.custom_id),
             tag=started,
@@ -254,6 +259,8 @@ def run_chunk(
                 )
             beat.drop(mine[n:])
             break
+        if rt.outstanding == 0:  # idle until now: its energy is nobody's
+            out.energy.mark()
         rt.submit(work)
         counts["submitted"] += 1
     log.info("job %s chunk of %d: %s", job_id, len(item_ids), counts)

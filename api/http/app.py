@@ -81,6 +81,7 @@ def create_app(
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(dashboard.router)
+    app.include_router(dashboard.signin_router)
     app.include_router(metrics.router)
     app.mount("/static", StaticFiles(directory=str(dashboard.HERE / "static")), name="static")
     return app

@@ -14,7 +14,8 @@ from core.store import keys
 from .errors import OpenAIError
 
 
-def _token(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, if any."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
@@ -27,7 +28,7 @@ def owner(request: Request) -> str | None:
         OpenAIError: 401 without a key, or with a key that is unknown or revoked.
     """
     state = request.app.state
-    token = _token(request)
+    token = bearer_token(request)
     with state.reader() as s:
         key = keys.key_for_token(s, token) if token else None
         if key is not None:

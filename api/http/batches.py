@@ -8,13 +8,14 @@ batch row stored in the job's own transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
-from core.jobs import CHAT_URL
+from core.jobs import CHAT_URL, LongLine
 from core.settings import Settings
 from core.store import batches, files, repo
 from core.store.models import JOB_DONE, Item, Result
@@ -107,7 +108,7 @@ def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, str] | None:
     return metadata
 
 
-def batch_model(lines: list[str], settings: Settings) -> str:
+def batch_model(lines: Iterable[bytes | LongLine], settings: Settings) -> str:
     """The model a batch runs on: the one served model its lines name, else the default.
 
     A line's body.model that the farm does not serve (say "gpt-4o-mini" from a pipeline
@@ -116,10 +117,12 @@ def batch_model(lines: list[str], settings: Settings) -> str:
     served = (settings.model, *settings.serve_models)
     named = set()
     for raw in lines:
+        if isinstance(raw, LongLine):
+            continue
         try:
             obj = json.loads(raw)
-        except ValueError:
-            continue  # the line's own error comes from validation
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+            continue  # the line's own error comes from validation (core.jobs.parse_job)
         body = obj.get("body") if isinstance(obj, dict) else None
         model = body.get("model") if isinstance(body, dict) else None
         if model is None and isinstance(obj, dict):
@@ -172,9 +175,10 @@ def create_batch(
                 f"purpose={files.INPUT_PURPOSE!r}",
                 param="input_file_id",
             )
-        lines = files.upload_lines(s, f)
-    settings = state.settings
-    model = batch_model(lines, settings)
+        settings = state.settings
+        limits = settings.job_limits()
+        model = batch_model(files.upload_lines(s, f, limits), settings)
+        lines = files.upload_lines(s, f, limits)
     made: list[str] = []
 
     def attach(session, job) -> None:
@@ -257,7 +261,8 @@ def list_batches(
 def cancel_batch(
     request: Request, batch_id: str, key_id: str | None = Depends(owner)
 ) -> dict[str, Any]:
-    """Cancel: queued requests are dropped, running ones finish, then `cancelled`."""
+    """Cancel: queued requests are dropped now, running ones at their worker's next
+    heartbeat (a row that finishes first keeps its result), then `cancelled`."""
     with request.app.state.sessions() as s:
         try:
             batch = batches.get_batch(s, batch_id, key_id)
@@ -270,3 +275,39 @@ def cancel_batch(
             )
         repo.cancel_job(s, batch_id)
     return _batch(request, batch_id, key_id)
+
+
+# AppleSpec's own routes beside OpenAI's (the OpenAI client ignores them; api.remote uses them).
+
+
+@router.get("/batches/{batch_id}/status")
+def batch_status(
+    request: Request, batch_id: str, key_id: str | None = Depends(owner)
+) -> dict[str, Any]:
+    """The batch's job as `applespec status --json` shows it: counts, ETA, energy, metrics."""
+    with request.app.state.reader() as s:
+        try:
+            batches.get_batch(s, batch_id, key_id)
+        except batches.UnknownBatch as e:
+            raise not_found(str(e), param="batch_id") from e
+        return repo.job_summary(s, batch_id)
+
+
+@router.post("/batches/{batch_id}/retry")
+def retry_batch(
+    request: Request, batch_id: str, key_id: str | None = Depends(owner)
+) -> dict[str, Any]:
+    """Resume a batch: its failed and cancelled requests queued again (`applespec retry`)."""
+    from api.client import BrokerUnavailable, requeue
+
+    state = request.app.state
+    with state.reader() as s:
+        try:
+            batches.get_batch(s, batch_id, key_id)
+        except batches.UnknownBatch as e:
+            raise not_found(str(e), param="batch_id") from e
+    try:
+        queued = requeue(state.settings, state.sessions, batch_id)
+    except BrokerUnavailable as e:
+        raise OpenAIError(503, str(e), type="server_error", code="broker_unavailable") from e
+    return {**_batch(request, batch_id, key_id), "requeued": queued}

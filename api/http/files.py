@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
+from starlette.types import Message, Receive
 
 from core.store import files
 from core.store.pagination import UnknownCursor
@@ -49,17 +50,45 @@ def too_large(limit: int) -> OpenAIError:
     )
 
 
+# Bytes of multipart framing (boundaries, part headers, the purpose field) allowed on top of
+# the file itself before the body counts as over the limit.
+FORM_FRAMING = 64 * 1024
+
+
+class _BodyTooLarge(Exception):
+    """The request body went past the limit while it was being read."""
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    """`receive`, counting the body's bytes as they arrive: past `limit` it raises."""
+    seen = 0
+
+    async def receive_counted() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _BodyTooLarge
+        return message
+
+    return receive_counted
+
+
 @router.post("/files")
 async def create_file(request: Request, key_id: str | None = Depends(owner)) -> dict[str, Any]:
     """Upload a batch input file (multipart: `file`, `purpose=batch`).
 
-    The key is checked and the declared size compared with the limit before the body is
-    read; the file is checked whole (core.store.files.check_upload) before it is stored.
+    The key is checked and a declared size compared with the limit before the body is read.
+    The body is then counted as it arrives, chunked or not: once past the limit reading
+    stops, the partial file is removed and the answer is 413. The file part is spooled to
+    a temporary file (not held in memory) and checked line by line (core.store.files.
+    check_upload) before it is stored.
     """
     settings = request.app.state.settings
     limit = settings.max_file_bytes
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:  # + form framing
+    if declared and declared.isdigit() and int(declared) > limit + FORM_FRAMING:
         raise too_large(limit)
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
@@ -68,8 +97,11 @@ async def create_file(request: Request, key_id: str | None = Depends(owner)) -> 
             "upload the file as multipart/form-data with the fields `file` and `purpose`",
             code="invalid_content_type",
         )
+    counted = Request(request.scope, _counted(request.receive, limit + FORM_FRAMING))
     try:
-        form = await request.form(max_files=1, max_fields=16)
+        form = await counted.form(max_files=1, max_fields=16)
+    except _BodyTooLarge:  # the parser has closed (removed) its spooled files
+        raise too_large(limit) from None
     except Exception as e:  # a malformed multipart body
         raise OpenAIError(400, f"cannot read the multipart form: {e}", code="invalid_form") from e
     try:
@@ -87,24 +119,28 @@ async def create_file(request: Request, key_id: str | None = Depends(owner)) -> 
             )
         if not isinstance(upload, UploadFile):
             raise OpenAIError(400, "missing required parameter: 'file' (a file part)", param="file")
-        data = await upload.read(limit + 1)
-        if len(data) > limit:
+        if upload.size is None or upload.size > limit:
             raise too_large(limit)
         filename = upload.filename or "upload.jsonl"
+
+        def store() -> files.File:
+            try:
+                lines = files.check_upload(upload.file, settings.job_limits())
+            except files.BadUpload as e:
+                raise OpenAIError(400, e.message, param="file", code=e.code) from e
+            with request.app.state.sessions() as s:
+                return files.store_upload(
+                    s,
+                    key_id=key_id,
+                    filename=filename,
+                    purpose=purpose,
+                    f=upload.file,
+                    lines=lines,
+                )
+
+        return file_object(await run_in_threadpool(store))
     finally:
         await form.close()
-
-    def store() -> files.File:
-        try:
-            lines = files.check_upload(data, settings.max_lines)
-        except files.BadUpload as e:
-            raise OpenAIError(400, e.message, param="file", code=e.code) from e
-        with request.app.state.sessions() as s:
-            return files.store_upload(
-                s, key_id=key_id, filename=filename, purpose=purpose, data=data, lines=lines
-            )
-
-    return file_object(await run_in_threadpool(store))
 
 
 @router.get("/files")

@@ -135,6 +135,37 @@ class StoreCollector:
                 .group_by(Job.model)
             ).all()
             work = job_series.open_work(s)
+            # A sum over every measured request (an index-free scan of metrics per scrape).
+            energy = s.execute(
+                select(
+                    Job.model,
+                    Metric.worker_host,
+                    func.sum(Metric.energy_j),
+                    func.sum(Metric.completion_tokens),
+                )
+                .join(Item, Item.id == Metric.item_id)
+                .join(Job, Job.id == Item.job_id)
+                .where(Metric.energy_j.is_not(None))
+                .group_by(Job.model, Metric.worker_host)
+            ).all()
+
+        joules = CounterMetricFamily(
+            "applespec_energy_joules",
+            "Energy measured while requests ran (NVML or RAPL; requests not measured are "
+            "left out), per model and worker host.",
+            labels=["model_name", "worker_host"],
+        )
+        measured_tokens = CounterMetricFamily(
+            "applespec_energy_measured_tokens",
+            "Completion tokens of the requests whose energy was measured (joules per token = "
+            "applespec_energy_joules / this).",
+            labels=["model_name", "worker_host"],
+        )
+        for model, host, j, tokens in energy:
+            joules.add_metric([model, host], j or 0.0)
+            measured_tokens.add_metric([model, host], tokens or 0)
+        yield joules
+        yield measured_tokens
 
         families = {
             "drafts": CounterMetricFamily(

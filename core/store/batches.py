@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, String, select
+from sqlalchemy import JSON, ForeignKey, Index, String, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
 
@@ -91,8 +91,8 @@ def list_batches(
 def make_outputs(session: Session, batch: Batch) -> Batch:
     """Give a finished batch its output and error files (once). Commits when it made them.
 
-    A job that `applespec retry` reopens after this keeps its files: their content is
-    always read live, but their `bytes` were counted when they were made.
+    A job that a retry reopens loses them (`reopen_outputs`) and gets new ones when it
+    finishes again.
     """
     if batch.outputs_made or batch.job.status not in JOB_DONE:
         return batch
@@ -106,3 +106,15 @@ def make_outputs(session: Session, batch: Batch) -> Batch:
         session.rollback()
         batch = get_batch(session, batch_id, key_id)
     return batch
+
+
+def reopen_outputs(session: Session, job_id: str) -> None:
+    """A resumed job's batch (if it has one) forgets its output and error files, to make
+    them again once the job finishes (their sizes and line counts change). Flushes."""
+    batch = session.get(Batch, job_id)
+    if batch is None or not batch.outputs_made:
+        return
+    session.execute(delete(files.File).where(files.File.job_id == job_id))
+    batch.output_file_id = batch.error_file_id = None
+    batch.outputs_made = False
+    session.flush()

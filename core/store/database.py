@@ -21,6 +21,16 @@ class StoreGone(RuntimeError):
     """The SQLite file this process opened was deleted or replaced: stop, write nothing."""
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (None for another backend or an in-memory database)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if "mode=memory" in url:
+        return None
+    return Path(parsed.database).expanduser()
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """A SQLAlchemy engine for `url`.
 

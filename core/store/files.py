@@ -1,17 +1,19 @@
 """Files of the HTTP API: uploaded batch inputs (kept in SQL) and batch outputs (streamed).
 
-An upload is checked whole before anything is stored, then stored in one row. A batch's
+An upload is checked line by line (the same split and per-line checks as a job file on
+disk) before anything is stored, then stored in one row. A batch's
 output and error files hold no bytes of their own: their content is the job's output lines,
 read from the result rows a slice at a time whenever it is downloaded.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import (
     BigInteger,
@@ -22,11 +24,13 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     func,
+    insert,
     select,
+    text,
 )
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from core.jobs import parse_job
+from core.jobs import JobLimits, LongLine, parse_job, stream_job_lines
 
 from . import repo
 from .models import Base, utcnow
@@ -69,7 +73,8 @@ class File(Base):
     filename: Mapped[str] = mapped_column(String(1024))
     size: Mapped[int] = mapped_column("bytes", BigInteger)  # the API's `bytes`
     lines: Mapped[int] = mapped_column(Integer)  # non-blank lines
-    content: Mapped[bytes | None] = mapped_column(LargeBinary)  # uploads only; None once deleted
+    # Uploads only; None once deleted. Deferred: a row is loaded without its bytes.
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     kind: Mapped[str | None] = mapped_column(String(16))  # "output" | "error" for batch files
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -86,57 +91,105 @@ def jsonl(line: dict[str, Any]) -> bytes:
     return (json.dumps(line, ensure_ascii=False) + "\n").encode()
 
 
-def check_upload(data: bytes, max_lines: int) -> int:
-    """Check that an upload is a batch input file; its number of non-blank lines.
+def check_upload(f: BinaryIO, limits: JobLimits) -> int:
+    """Check that an upload (a binary file, read from its start) is a batch input file.
 
-    Each line's own problems (a missing custom_id, a bad message, even broken JSON) are
-    left to the batch, which reports them per line like `applespec submit`; a file is
-    refused whole only when it cannot be a job file: not UTF-8, empty, over `max_lines`,
-    or with no line that parses as JSON (not JSONL at all).
+    The lines are split and decoded as `applespec submit` splits them (core.jobs.
+    stream_job_lines, parse_job), one line at a time: each line's own problems (bytes that
+    are not UTF-8, a line past the size limit, JSON nested too deep, a missing custom_id)
+    are left to the batch, which reports them per line. A file is refused whole only when
+    it cannot be a job file: empty, over `limits.lines`, or with no line that parses as JSON
+    (not JSONL at all).
+
+    Returns:
+        The number of non-blank lines.
 
     Raises:
         BadUpload: with the reason.
     """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadUpload(
-            "invalid_file_format", f"the file is not UTF-8 text (byte {e.start} is not UTF-8)"
-        ) from e
-    lines = text.splitlines()
-    count = sum(1 for line in lines if line.strip())
+    f.seek(0)
+    count = 0
+    first_problem: str | None = None
+    any_json = False
+    for number, raw in enumerate(stream_job_lines(_Unclosed(f), limits.line_bytes), start=1):
+        if not isinstance(raw, LongLine) and not raw.strip():
+            continue
+        count += 1
+        if count > limits.lines:
+            raise BadUpload(
+                "too_many_lines",
+                f"the file has more than {limits.lines} requests; at most {limits.lines} "
+                "are allowed per file",
+            )
+        if any_json:
+            continue
+        _, errors = parse_job([raw], limits=limits)
+        bad = [e for e in errors if e.code in NOT_JSONL]
+        if bad:
+            first_problem = first_problem or bad[0].message.replace("line 1:", f"line {number}:", 1)
+        else:
+            any_json = True
+    f.seek(0)
     if count == 0:
         raise BadUpload("empty_file", "the file has no requests (every line is blank)")
-    if count > max_lines:
-        raise BadUpload(
-            "too_many_lines",
-            f"the file has {count} requests; at most {max_lines} are allowed per file",
-        )
-    _, errors = parse_job(lines)
-    not_json = [e for e in errors if e.code == "invalid_json"]
-    if len(not_json) == count:
+    if not any_json:
         raise BadUpload(
             "invalid_file_format",
-            f"the file is not JSONL: no line is a JSON value ({not_json[0].message})",
+            f"the file is not JSONL: no line is a JSON value ({first_problem})",
         )
     return count
 
 
+# Per-line errors that say a line is not JSON text at all; a file of nothing else is no JSONL.
+NOT_JSONL = ("invalid_json", "invalid_encoding")
+
+
+class _Unclosed:
+    """A file object whose `close` (at the end of stream_job_lines) leaves the file open."""
+
+    def __init__(self, f: BinaryIO):
+        self.readline = f.readline
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def store_upload(
-    session: Session, *, key_id: str | None, filename: str, purpose: str, data: bytes, lines: int
+    session: Session, *, key_id: str | None, filename: str, purpose: str, f: BinaryIO, lines: int
 ) -> File:
-    """Store a checked upload in one row. Commits."""
-    file = File(
-        id=f"file-{uuid.uuid4().hex[:24]}",
-        key_id=key_id,
-        purpose=purpose,
-        filename=filename,
-        size=len(data),
-        lines=lines,
-        content=data,
-        created_at=utcnow(),
+    """Store a checked upload (the binary file `f`, from its start) in one row. Commits.
+
+    On SQLite the bytes are written a slice at a time into a zeroblob of the file's size
+    (incremental blob I/O), so the upload is never whole in memory; other databases take
+    it as one parameter.
+    """
+    f.seek(0, io.SEEK_END)
+    size = f.tell()
+    f.seek(0)
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    file_id = f"file-{uuid.uuid4().hex[:24]}"
+    session.execute(
+        insert(File).values(
+            id=file_id,
+            key_id=key_id,
+            purpose=purpose,
+            filename=filename,
+            size=size,
+            lines=lines,
+            content=func.zeroblob(size) if sqlite else f.read(),
+            created_at=utcnow(),
+        )
     )
-    session.add(file)
+    if sqlite:
+        rowid = session.scalar(select(text("rowid")).select_from(File).where(File.id == file_id))
+        driver = session.connection().connection.driver_connection
+        with driver.blobopen("files", "content", rowid) as blob:
+            while piece := f.read(READ_CHUNK):
+                blob.write(piece)
+    file = session.get(File, file_id)
     session.commit()
     return file
 
@@ -169,10 +222,10 @@ def delete_file(session: Session, file: File) -> None:
     session.commit()
 
 
-def upload_lines(session: Session, file: File) -> list[str]:
-    """An upload's lines (checked UTF-8 when it was stored)."""
+def upload_lines(session: Session, file: File, limits: JobLimits) -> Iterator[bytes | LongLine]:
+    """An upload's lines as raw bytes, split as a job file on disk is (stream_job_lines)."""
     data = session.scalar(select(File.content).where(File.id == file.id))
-    return (data or b"").decode("utf-8").splitlines()
+    return stream_job_lines(io.BytesIO(data or b""), limits.line_bytes)
 
 
 def content_chunks(session: Session, file: File) -> Iterator[bytes]:

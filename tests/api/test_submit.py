@@ -296,7 +296,7 @@ def test_bad_settings_are_one_line_errors_and_store_nothing(tmp_path, name, valu
 
 
 def test_a_worker_refuses_a_missing_database(tmp_path):
-    env = service_env(f"sqlite:///{tmp_path / 'none.db'}")
+    env = service_env(f"sqlite:///{tmp_path / 'none.db'}", migrated=False)
     result = CliRunner(env=env).invoke(cli, ["worker", "--model", "tiny-random"])
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: no database at sqlite:///{tmp_path / 'none.db'}")

@@ -31,7 +31,7 @@ def _check_schema(url):
             have = {c["name"] for c in insp.get_columns(table.name)}
             assert have == {c.name for c in table.columns}, table.name
         assert {u["name"] for u in insp.get_unique_constraints("results")} == {"uq_results_item_id"}
-        assert head_revision() == "0003"
+        assert head_revision() == "0005"
         version = conn.execute(text("select version_num from alembic_version")).scalar()
         assert version == head_revision()
     engine.dispose()

@@ -30,7 +30,19 @@ def unique_model() -> str:
     return f"tiny-random:{random.randrange(10_000, 99_999)}"
 
 
-def service_env(db_url: str, broker_url: str = SHARED_REDIS, **extra: str) -> dict[str, str]:
+def service_env(
+    db_url: str, broker_url: str = SHARED_REDIS, migrated: bool = True, **extra: str
+) -> dict[str, str]:
+    """A farm's APPLESPEC_* settings. With `migrated`, a SQLite file not there yet is made as
+    `applespec db upgrade` makes it (commands refuse a SQLite path that does not exist)."""
+    if migrated:
+        from core.store.database import sqlite_file
+
+        path = sqlite_file(db_url)
+        if path is not None and not path.exists():
+            from migrations import upgrade
+
+            upgrade(db_url)
     env = {
         "APPLESPEC_DATABASE_URL": db_url,
         "APPLESPEC_BROKER_URL": broker_url,
@@ -44,7 +56,14 @@ def service_env(db_url: str, broker_url: str = SHARED_REDIS, **extra: str) -> di
 class Worker:
     """An `applespec worker` subprocess in its own process group (so it can be SIGKILLed whole)."""
 
-    def __init__(self, env: dict[str, str], model: str, log: Path, concurrency: int = 1):
+    def __init__(
+        self,
+        env: dict[str, str],
+        model: str,
+        log: Path,
+        concurrency: int = 1,
+        extra: tuple[str, ...] = (),
+    ):
         self.log = log
         self.proc = subprocess.Popen(
             [
@@ -56,6 +75,7 @@ class Worker:
                 model,
                 "--concurrency",
                 str(concurrency),
+                *extra,
                 "--loglevel",
                 "INFO",
                 "--without-gossip",

@@ -14,6 +14,15 @@
     return node;
   }
   const fmt = (v, digits) => (v === null || v === undefined ? "–" : v.toFixed(digits));
+  // A duration as people read one (the server's `duration` filter does the same).
+  function duration(s) {
+    if (s === null || s === undefined) return "–";
+    s = Math.round(s);
+    const pad = (n) => String(n).padStart(2, "0");
+    if (s >= 3600) return `${Math.floor(s / 3600)}h${pad(Math.floor((s % 3600) / 60))}m`;
+    if (s >= 60) return `${Math.floor(s / 60)}m${pad(s % 60)}s`;
+    return `${s}s`;
+  }
 
   function jobRow(j) {
     const c = j.request_counts;
@@ -26,16 +35,19 @@
       el("td", {},
         el("div", {class: "bar"}, el("div", {class: "fill", style: `width: ${pct}%`})),
         el("span", {class: "progress-text"}, `${done}/${c.total}`)),
+      el("td", {class: "eta"}, duration(j.eta_s)),
       el("td", {}, String(c.failed)),
       el("td", {}, fmt(j.tokens_per_s, 1)),
       el("td", {}, fmt(j.acceptance_rate, 2)),
+      el("td", {class: "energy", title: "NVML or RAPL; – where not measured"},
+        j.energy_j === null || j.energy_j === undefined ? "–" : `${j.energy_j.toFixed(1)} J`),
       el("td", {}, j.created_at.slice(0, 19).replace("T", " ")));
   }
 
   function render(state) {
     const jobs = document.getElementById("jobs");
     jobs.replaceChildren(...(state.jobs.length ? state.jobs.map(jobRow)
-      : [el("tr", {class: "empty"}, el("td", {colspan: "8"}, "no jobs yet"))]));
+      : [el("tr", {class: "empty"}, el("td", {colspan: "10"}, "no jobs yet"))]));
     const workers = document.getElementById("workers");
     workers.replaceChildren(...(state.workers.length
       ? state.workers.map((w) => el("li", {}, el("b", {}, w.name), " ",
