@@ -21,16 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-LABEL = {
-    "type": "object",
-    "properties": {
-        "category": {"enum": ["billing", "shipping", "technical", "account"]},
-        "urgency": {"enum": ["low", "medium", "high"]},
-        "customer": {"type": "string", "minLength": 1, "maxLength": 24},
-    },
-    "required": ["category", "urgency", "customer"],
-    "additionalProperties": False,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.make_jobs import LABEL_SCHEMA as LABEL  # noqa: E402 (the labeling job's schema)
+
 REVIEW = {
     "type": "object",
     "properties": {
@@ -135,7 +128,6 @@ ROWS = 64
 
 
 def tokenizer():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from core.engine.loading import load_tokenizer
 
     tok, _ = load_tokenizer("smollm2-135m")
