@@ -303,9 +303,7 @@ class BatchKVCache:
 
     def _copy_row(self, s: int, d: int, n: int) -> None:
         """Row d's first n positions become row s's, either of them in a lane."""
-        self.lanes.pop(d, None)
-        self.lane_size.pop(d, None)
-        self.lengths[d] = 0
+        self.release(d)
         self.prepare([d], [n])
         for i in range(self.num_layers):
             if self.keys[i] is None:
