@@ -122,8 +122,7 @@ def run_cmd(
     if not requests and not bad:
         raise click.ClickException(f"{input_file} has no requests")
     # One-time setup (the surface for at most this job's rows) before the job's clock.
-    engine.max_rows = batch_size or max(len(requests), 1)
-    setup_s = engine.prepare()
+    setup_s = engine.prepare(max_rows=batch_size or max(len(requests), 1))
     digest = run_digest(input_file, output, errors, model, draft, k, params)
     with contextlib.ExitStack() as stack:
         # Open the outputs before the job exists: a bad path is a one-line error, not a

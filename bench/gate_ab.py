@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import core.engine.generate as generate
 from core.engine import Engine, GenerationParams, load_model
 from core.engine.benchmark import load_job
 from core.engine.draft_length import GATE_COST
@@ -30,18 +29,16 @@ def main() -> None:
     reqs = [(it.prompt, GenerationParams(max_tokens=it.max_tokens)) for it in items]
     B = args.batch_size
     configs = {
-        "none": (dict(draft="none"), GATE_COST),
-        "gate": (dict(draft=args.draft, step_modes=False), GATE_COST),
-        "no gate": (dict(draft=args.draft, step_modes=False), OFF),
+        "none": dict(draft="none", gate_cost=GATE_COST),
+        "gate": dict(draft=args.draft, step_modes=False, gate_cost=GATE_COST),
+        "no gate": dict(draft=args.draft, step_modes=False, gate_cost=OFF),
     }
-    engines = {name: Engine(target, batch_size=B, **kw) for name, (kw, _) in configs.items()}
-    for name, engine in engines.items():  # warm-up: shapes compiled
-        generate.GATE_COST = configs[name][1]
+    engines = {name: Engine(target, batch_size=B, **kw) for name, kw in configs.items()}
+    for engine in engines.values():  # warm-up: shapes compiled
         engine.generate_many(reqs[:B])
     rates: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(args.rounds):
         for name, engine in engines.items():
-            generate.GATE_COST = configs[name][1]
             t0 = time.perf_counter()
             out = engine.generate_many(reqs)
             wall = time.perf_counter() - t0

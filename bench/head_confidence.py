@@ -15,7 +15,6 @@ import argparse
 
 import numpy as np
 
-import core.engine.generate as generate
 from core.engine import CostSurface, Engine, GenerationParams, load_model
 from core.engine.benchmark import load_job
 from core.engine.costs import load_kept
@@ -45,13 +44,13 @@ def main() -> None:
         return chances(self, seqs, draft)
 
     FeatureHeadDrafter.chances = spy
-    generate.GATE_COST = -1.0  # ask on every step; the flat surface keeps every node
     engine = Engine(
         target,
         draft=args.draft,
         surface=CostSurface.flat(),
         batch_size=args.batch_size,
         step_modes=False,
+        gate_cost=-1.0,  # ask on every step; the flat surface keeps every node
     )
     engine.generate_many(reqs)
     (head,) = heads

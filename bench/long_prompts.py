@@ -87,7 +87,7 @@ def run_one(system: str, model: str, tokens: int, max_tokens: int) -> dict:
                 break
             out.append(t)
     else:
-        from core.engine.generate import Engine
+        from core.engine import Engine
         from core.engine.sampling import GenerationParams
 
         # As `applespec run` runs a one-item job: the default drafter, one-time setup first.

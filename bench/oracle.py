@@ -41,4 +41,4 @@ def install(engine, reqs, outputs) -> None:
     the order of `reqs`)."""
     reference = {tuple(p): o.tokens for (p, _), o in zip(reqs, outputs, strict=True)}
     drafter = OracleDrafter(reference)
-    engine.entry = dataclasses.replace(engine.entry, build=lambda batch, arg: [drafter])
+    engine.entry = dataclasses.replace(engine.entry, build=lambda ctx, arg: [drafter])

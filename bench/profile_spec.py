@@ -14,9 +14,11 @@ import cProfile
 import io
 import pstats
 import time
+from contextlib import nullcontext
 
 from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import format_phases, load_job, step_phases
+from core.engine.benchmark import format_phases, load_job
+from core.engine.observer import PhaseTotals
 
 
 def main() -> None:
@@ -44,8 +46,11 @@ def main() -> None:
         k=args.k,
     )
     engine.generate_many(reqs[: args.batch_size])  # warm-up: shapes compiled
-    prof = None if args.phases else cProfile.Profile()
-    with step_phases() if args.phases else prof as timers:
+    prof = cProfile.Profile()
+    timers = PhaseTotals()
+    if args.phases:
+        engine.observers.append(timers)
+    with nullcontext() if args.phases else prof:
         t0 = time.perf_counter()
         out = engine.generate_many(reqs)
         wall = time.perf_counter() - t0
@@ -55,7 +60,7 @@ def main() -> None:
         f"{wall:.2f} s ({tokens / wall:.1f} tok/s)"
     )
     if args.phases:
-        print("\n".join(format_phases(*timers, wall)))
+        print("\n".join(format_phases(timers.seconds, timers.calls, wall)))
         return
     for key in ("tottime", "cumulative"):
         s = io.StringIO()

@@ -49,9 +49,7 @@ def replay(module, target, items, answers, args, prof=None) -> tuple[float, int,
             corpus="job", finish_reason=None, text_end=None,
         )  # fmt: skip
 
-    drafter = module.SuffixDrafter(
-        SimpleNamespace(target=target, engine=SimpleNamespace(corpora=module.Corpora()))
-    )
+    drafter = module.SuffixDrafter(target, module.Corpora())
     for it, r in zip(items[: args.history], answers, strict=False):
         s = seq(it)
         drafter.admit(s)

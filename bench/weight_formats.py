@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
+from core.engine import Engine  # noqa: E402
 from core.engine.costs import measure_surface  # noqa: E402
-from core.engine.generate import Engine  # noqa: E402
 from core.engine.loading import load_gguf  # noqa: E402
 from core.engine.registry import REGISTRY, model_path  # noqa: E402
 from core.engine.sampling import GenerationParams  # noqa: E402

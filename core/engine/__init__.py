@@ -1,15 +1,20 @@
 """The speculative engine: a library with no service dependencies (no Celery, no SQL)."""
 
+from .batch import Batch
+from .config import EngineConfig
 from .costs import CostSurface, load_or_measure, measure_surface
-from .generate import Batch, Engine, GenerationResult, parse_draft_spec
+from .engine import Engine, parse_draft_spec
 from .loading import load_model
 from .model import LoadedModel, ModelError
+from .observer import StepReport
+from .results import GenerationResult
 from .sampling import GenerationParams
 
 __all__ = [
     "Batch",
     "CostSurface",
     "Engine",
+    "EngineConfig",
     "GenerationParams",
     "GenerationResult",
     "LoadedModel",
@@ -18,4 +23,5 @@ __all__ = [
     "load_or_measure",
     "measure_surface",
     "parse_draft_spec",
+    "StepReport",
 ]

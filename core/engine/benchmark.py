@@ -33,72 +33,21 @@ import platform
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 
-from . import generate
 from .costs import format_surface
-from .generate import Engine
+from .engine import Engine
 from .model import LoadedModel
+from .observer import PhaseTotals
 from .roofline import device_peaks, shares
 from .sampling import GenerationParams
 
 GAP_BUG = 0.05
 DEFAULT_JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "grounded-64.jsonl"
-
-
-# The parts of a step that `step_phases` times: Batch methods, the forward's graph building,
-# and the syncs (`mx.eval`; plain steps read their tokens back in `_commit_plain`). On the CPU
-# backend `mx.async_eval` runs the forward's work itself.
-PHASES = (
-    "_admit",
-    "_prefill_plan",
-    "_draft",
-    "_commit",
-    "_commit_prefill",
-    "_commit_plain",
-    "_results",
-)
-
-
-@contextmanager
-def step_phases() -> Iterator[tuple[Counter, Counter]]:
-    """Wall seconds and calls per part of a batch step while the block runs (nested parts
-    count in each; `_step` holds the plain steps' `_step_plain` too)."""
-    seconds: Counter = Counter()
-    calls: Counter = Counter()
-    saved = []
-
-    def timed(owner, name, label):
-        fn = getattr(owner, name)
-        saved.append((owner, name, fn))
-
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                seconds[label] += time.perf_counter() - t0
-                calls[label] += 1
-
-        setattr(owner, name, wrapper)
-
-    for name in PHASES:
-        timed(generate.Batch, name, name)
-    timed(generate, "forward", "forward (graph)")
-    timed(mx, "eval", "mx.eval (sync)")
-    timed(mx, "async_eval", "mx.async_eval")
-    timed(generate.Batch, "_step", "_step")
-    timed(generate.Batch, "_step_plain", "_step_plain")
-    try:
-        yield seconds, calls
-    finally:
-        for owner, name, fn in reversed(saved):
-            setattr(owner, name, fn)
 
 
 def format_phases(seconds: Counter, calls: Counter, wall: float) -> list[str]:
@@ -375,6 +324,9 @@ def run_bench(
         "ours_batched_spec",
     }
     kw = {"draft_model": draft_model} if draft_model is not None else {}
+    timers = PhaseTotals()  # with `phases`: our engines' step parts, per round
+    if phases:
+        kw["observers"] = [timers]
     # The surface covers the batch sizes this job can use (not the whole grid).
     rows_max = max(our_batches or [len(items)])
     base = Engine(target, draft=drafter, progress=progress, max_rows=rows_max, **kw)
@@ -404,10 +356,10 @@ def run_bench(
         progress(
             f"{row.name}: {len(items)} items" + ("" if first else f", round {len(row.rounds) + 1}")
         )
-        with step_phases() if phases else nullcontext() as timers:
-            t0 = time.perf_counter()
-            outs, results = fn()
-            seconds = time.perf_counter() - t0
+        timers.clear()
+        t0 = time.perf_counter()
+        outs, results = fn()
+        seconds = time.perf_counter() - t0
         row.rounds.append(seconds)
         row.seconds = statistics.median(row.rounds)
         if first:
@@ -415,8 +367,8 @@ def run_bench(
         else:
             changed = sum(a != b for a, b in zip(outs, row.outputs, strict=True))
             row.round_changed = max(row.round_changed, changed)
-        if timers is not None:
-            sec, calls = timers
+        if phases and timers.calls:
+            sec, calls = timers.seconds, timers.calls
             merged = row.phases or {}
             for k, v in sec.items():
                 was = merged.get(k, [0.0, 0])

@@ -3,7 +3,7 @@
 A row's keys and values take `bytes_per_position` for each position it may reach: its
 prompt, its `max_tokens` and the longest draft verified past them. Rows up to the cache's
 `lane_from` positions share the dense block, which is as long as its longest row; longer
-rows each hold a lane of their own (cache.py). Admission (`Batch._fits`) keeps the sum in
+rows each hold a lane of their own (cache.py). Admission (`Admission.fits`) keeps the sum in
 the budget; a request that cannot fit alone is refused when it is submitted.
 
 Prompts are prefilled in chunks of at most `Engine.prefill_tokens`, and the CPU's attention

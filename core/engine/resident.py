@@ -3,14 +3,14 @@
 A drafting step normally reads its accepted tokens back before the host can build the next
 step: acceptance decides each row's cache length, its next pending token and the state the
 next draft starts from. That gives up the double buffering plain decoding has
-(`Batch._step_plain`: step n + 1 is queued before step n is read), and on a GPU running a
+(`step_plain.py`: step n + 1 is queued before step n is read), and on a GPU running a
 small model a step that waits for its predecessor pays the whole launch latency that plain
 steps hide.
 
 With a fixed chain of K draft tokens a row from the feature head (drafters/feature_head.py),
 everything acceptance decides can stay on the device. (The batch chooses K from the head's
 measured acceptance and the machine's costs, and leaves the loop to change it:
-`Batch._loop_k`.) Each row's cache lengths (the target's and the head's) are device arrays;
+`LoopSteps.k` in step_loop.py.) Each row's cache lengths (the target's and the head's) are device arrays;
 a step
 
 - verifies [pending, d_1 .. d_K] at positions length + (0 .. K): positions, write slots and
@@ -32,7 +32,7 @@ lengths (those it has read, plus K + 1 a step in flight) for the read widths. It
 commits step n's tokens while n + 1 runs. A row that finished in step n runs in step n + 1
 for nothing (its tokens are dropped); a row the host knows will have reached its max_tokens
 is not advanced. Admission, prefill and every other kind of step leave the loop first
-(`Batch._leave_loop`): the step in flight is read, and the head is handed the state of each
+(`LoopSteps.leave`): the step in flight is read, and the head is handed the state of each
 row's last position to read again, as after any verify step. A learning head (online
 learning) keeps the states of every position the loop committed, as its `propose` does.
 """

@@ -136,16 +136,16 @@ def _run(m, rates: dict[str, float], steps: int, rows: int | None = None) -> lis
 
 
 def test_step_modes_try_both_then_keep_the_faster_and_retry():
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     m = StepModes()
-    B, T = m.BLOCK, m.TRIAL
+    B, T = m.tuning.block, m.tuning.trial
     close = {"draft": 25, "plain": 30}
     # a trial alternates blocks of each kind until both ran TRIAL steps
     seen = _run(m, close, 2 * T)
     assert seen == (["draft"] * B + ["plain"] * B) * (T // B)
     assert m.mode == "plain" and m.rate == {"draft": 25.0, "plain": 30.0}
-    assert _run(m, close, m.RETRY) == ["plain"] * m.RETRY
+    assert _run(m, close, m.tuning.retry) == ["plain"] * m.tuning.retry
     # time to re-measure: plain first, then drafting, which pays now (the rows copy more)
     seen = _run(m, {"draft": 40, "plain": 30}, 2 * T)
     assert seen == (["plain"] * B + ["draft"] * B) * (T // B)
@@ -160,32 +160,32 @@ def test_step_modes_try_both_then_keep_the_faster_and_retry():
 
 
 def test_a_clear_loser_ends_the_trial_after_one_block_of_each():
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     m = StepModes()
-    B = m.BLOCK
+    B = m.tuning.block
     slow_draft = {"draft": 10, "plain": 30}  # CLEAR times slower and more
     seen = _run(m, slow_draft, 2 * B)  # one block of each kind, not TRIAL of each
     assert seen == ["draft"] * B + ["plain"] * B
     assert m.mode == "plain" and m.rate == {"draft": 10.0, "plain": 30.0}
-    assert _run(m, slow_draft, m.RETRY) == ["plain"] * m.RETRY
+    assert _run(m, slow_draft, m.tuning.retry) == ["plain"] * m.tuning.retry
     seen = _run(m, {"draft": 70, "plain": 30}, 2 * B)  # drafting pays now: clearly
     assert seen == ["plain"] * B + ["draft"] * B and m.mode == "draft"
 
 
 def test_trials_that_keep_picking_the_same_kind_come_ever_more_rarely():
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     m = StepModes()
-    B, R = m.BLOCK, m.RETRY
+    B, R = m.tuning.block, m.tuning.retry
     seen = _run(m, {"draft": 10, "plain": 30}, 1600)  # drafting loses every trial, clearly
     starts = [i for i, x in enumerate(seen) if x == "draft" and (i == 0 or seen[i - 1] == "plain")]
     # The first trial drafts first, a block; later ones run a plain block, then drafting
     # PROBE steps (it lost clearly: it leaves again after those), after RETRY, 2 x RETRY,
     # ... plain steps, up to RETRY_MAX.
-    P = m.PROBE
+    P = m.tuning.probe
     want, end = [0], 2 * B
-    for retry in (R, 2 * R, 4 * R, m.RETRY_MAX, m.RETRY_MAX):
+    for retry in (R, 2 * R, 4 * R, m.tuning.retry_max, m.tuning.retry_max):
         want.append(end + retry + B)
         end = want[-1] + P
     assert starts == want
@@ -194,7 +194,7 @@ def test_trials_that_keep_picking_the_same_kind_come_ever_more_rarely():
     _run(m, {"draft": 70, "plain": 30}, 2000)
     assert m.mode == "draft" and m._retry > R
     steps = 0
-    while m.mode == "draft" and steps < 2 * m.RETRY_MAX:
+    while m.mode == "draft" and steps < 2 * m.tuning.retry_max:
         _run(m, {"draft": 10, "plain": 30}, 1)
         steps += 1
     if m._trial is not None:  # the plain block of that trial: then it ends
@@ -203,10 +203,10 @@ def test_trials_that_keep_picking_the_same_kind_come_ever_more_rarely():
 
 
 def test_step_modes_try_again_when_the_live_rows_halve():
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     m = StepModes()
-    _run(m, {"draft": 10, "plain": 30}, 2 * m.TRIAL, rows=64)
+    _run(m, {"draft": 10, "plain": 30}, 2 * m.tuning.trial, rows=64)
     assert m.mode == "plain"
     assert _run(m, {"draft": 10, "plain": 30}, 5, rows=40) == ["plain"] * 5  # no new trial
     # a step that leaves no row live (between requests, at batch 1) is no change either
@@ -214,7 +214,7 @@ def test_step_modes_try_again_when_the_live_rows_halve():
     assert _run(m, {"draft": 10, "plain": 30}, 5, rows=64) == ["plain"] * 5
     # the job's tail: 32 rows of 64 left, and drafting pays there
     _run(m, {"draft": 10, "plain": 30}, 1, rows=32)
-    _run(m, {"draft": 50, "plain": 30}, 2 * m.TRIAL, rows=32)
+    _run(m, {"draft": 50, "plain": 30}, 2 * m.tuning.trial, rows=32)
     assert m.mode == "draft" and m.rate["draft"] == 50.0
 
 
@@ -222,16 +222,16 @@ def test_rows_that_halve_start_a_trial_only_where_a_draft_token_changes_price():
     """Where the verify surface prices a draft token the same at the new rows (a GPU's flat
     surface), the rows halving at a job's tail start no trial; where the price has moved by
     PRICE_MOVE or more since the last trial (a CPU's compute-bound surface), they do."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     slow = {"draft": 10, "plain": 30}
     flat = StepModes(price=lambda rows: 0.0)
-    _run(flat, slow, 2 * flat.BLOCK, rows=64)
+    _run(flat, slow, 2 * flat.tuning.block, rows=64)
     assert flat.mode == "plain" and flat._trial is None
     assert _run(flat, slow, 20, rows=32) + _run(flat, slow, 20, rows=4) == ["plain"] * 40
     cpu = {64: 0.41, 32: 0.39, 16: 0.34, 8: 0.19}  # this CPU's surface, roughly
     m = StepModes(price=cpu.__getitem__)
-    _run(m, slow, 2 * m.BLOCK, rows=64)
+    _run(m, slow, 2 * m.tuning.block, rows=64)
     assert _run(m, slow, 5, rows=32) + _run(m, slow, 5, rows=16) == ["plain"] * 10
     _run(m, slow, 1, rows=8)  # 0.19 against 0.41 at the last trial: a new one
     assert m._trial is not None and set(m._trial) == {"draft", "plain"}
@@ -241,10 +241,10 @@ def test_what_the_drafters_learned_is_tried_against_the_kind_that_runs_alone():
     """A trial started by the drafters' evidence doubling is between drafting and the kind
     that runs: the loop's and plain steps' rates do not depend on a suffix index, so plain
     steps are not tried again there. Drafting, clearly slower in the last trial, probes."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     m = StepModes(("draft", "loop", "plain"))
-    B, P = m.BLOCK, m.PROBE
+    B, P = m.tuning.block, m.tuning.probe
     slow = {"draft": 10, "loop": 40, "plain": 30}
     seen = []
     for _ in range(3 * B + 2 * B + 3):
@@ -252,14 +252,14 @@ def test_what_the_drafters_learned_is_tried_against_the_kind_that_runs_alone():
         m.observe(m.mode, slow[m.mode], 1.0, 64, 0)
     assert m.mode == "loop" and seen[-3:] == ["loop"] * 3
     kept = list(m._pool["loop"])
-    m.observe("loop", 40, 1.0, 64, m.EVIDENCE)  # the index holds EVIDENCE answers
+    m.observe("loop", 40, 1.0, 64, m.tuning.evidence)  # the index holds EVIDENCE answers
     assert m._trial is not None and set(m._trial) == {"loop", "draft"}
     # drafting is measured anew; the loop's steps so far still count
     assert m._pool["draft"] == [0.0, 0.0] and m._pool["loop"] == [kept[0] + 40, kept[1] + 1.0]
     seen = []
     for _ in range(B + P + 4):
         seen.append(m.mode)
-        m.observe(m.mode, slow[m.mode], 1.0, 64, m.EVIDENCE)
+        m.observe(m.mode, slow[m.mode], 1.0, 64, m.tuning.evidence)
     assert seen == ["loop"] * B + ["draft"] * P + ["loop"] * 4
     assert m._trial is None and m.mode == "loop" and m.steps["plain"] == 2 * B
     assert m.rate["plain"] == 30.0  # from the full trial, kept
@@ -268,7 +268,7 @@ def test_what_the_drafters_learned_is_tried_against_the_kind_that_runs_alone():
 def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
     """A job's first wave drafts from an empty suffix index and loses; once the index holds
     `EVIDENCE` answers, and again each time that doubles, drafting is measured anew."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     m = StepModes()
     slow, fast = {"draft": 10, "plain": 30}, {"draft": 70, "plain": 30}
@@ -280,18 +280,23 @@ def test_step_modes_try_again_each_time_the_drafters_evidence_doubles():
             m.observe(m.mode, rates[m.mode], 1.0, 64, evidence)
         return seen
 
-    run(slow, 2 * m.BLOCK, 0)  # the first trial: drafting loses clearly
+    run(slow, 2 * m.tuning.block, 0)  # the first trial: drafting loses clearly
     assert m.mode == "plain"
-    assert run(slow, 5, m.EVIDENCE - 1) == ["plain"] * 5  # not enough learned yet
-    run(slow, 1, m.EVIDENCE)  # enough: a new trial, where drafting still loses (a probe)
-    B, P = m.BLOCK, m.PROBE
-    assert run(slow, 2 * B, m.EVIDENCE) == ["plain"] * B + ["draft"] * P + ["plain"] * (B - P)
+    assert run(slow, 5, m.tuning.evidence - 1) == ["plain"] * 5  # not enough learned yet
+    run(slow, 1, m.tuning.evidence)  # enough: a new trial, where drafting still loses (a probe)
+    B, P = m.tuning.block, m.tuning.probe
+    assert run(slow, 2 * B, m.tuning.evidence) == ["plain"] * B + ["draft"] * P + ["plain"] * (
+        B - P
+    )
     assert m.mode == "plain"
-    assert run(slow, 5, 2 * m.EVIDENCE - 1) == ["plain"] * 5  # under twice: no trial
-    run(slow, 1, 2 * m.EVIDENCE)  # twice what it was at the last trial: now drafting wins
-    assert run(fast, 2 * m.BLOCK, 2 * m.EVIDENCE) == ["plain"] * m.BLOCK + ["draft"] * m.BLOCK
+    assert run(slow, 5, 2 * m.tuning.evidence - 1) == ["plain"] * 5  # under twice: no trial
+    run(slow, 1, 2 * m.tuning.evidence)  # twice what it was at the last trial: now drafting wins
+    assert (
+        run(fast, 2 * m.tuning.block, 2 * m.tuning.evidence)
+        == ["plain"] * m.tuning.block + ["draft"] * m.tuning.block
+    )
     assert m.mode == "draft"
-    assert run(fast, 5, 8 * m.EVIDENCE) == ["draft"] * 5  # drafting already: no trial
+    assert run(fast, 5, 8 * m.tuning.evidence) == ["draft"] * 5  # drafting already: no trial
     assert m._trial is None
 
 
@@ -299,11 +304,11 @@ def test_three_kinds_take_turns_and_a_clear_loser_leaves_the_trial():
     """With the resident loop as a third kind: blocks of each in turn until each ran TRIAL
     steps; a kind CLEAR times slower than the fastest, once every kind ran a block, runs
     no more of that trial."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     kinds = ("draft", "loop", "plain")
     m = StepModes(kinds)
-    B, T = m.BLOCK, m.TRIAL
+    B, T = m.tuning.block, m.tuning.trial
     seen = _run(m, {"draft": 25, "loop": 40, "plain": 30}, 3 * T)
     assert seen == (["draft"] * B + ["loop"] * B + ["plain"] * B) * (T // B)
     assert m.mode == "loop" and m._trial is None
@@ -313,15 +318,15 @@ def test_three_kinds_take_turns_and_a_clear_loser_leaves_the_trial():
     assert m.mode == "loop" and m._trial is None and m.rate["draft"] == 10.0
     # the next trial starts with the kind that runs, then the others in turn; drafting,
     # which left the last one clearly slower, runs PROBE steps and leaves again
-    _run(m, {"draft": 10, "loop": 40, "plain": 30}, m.RETRY)
-    P = m.PROBE
+    _run(m, {"draft": 10, "loop": 40, "plain": 30}, m.tuning.retry)
+    P = m.tuning.probe
     seen = _run(m, {"draft": 10, "loop": 40, "plain": 30}, 3 * B + P)
     assert seen == ["loop"] * B + ["plain"] * B + ["draft"] * P + ["loop"] * B
     assert m._out == {"draft"} and m._trial is not None  # loop and plain: TRIAL steps each
     assert _run(m, {"draft": 10, "loop": 40, "plain": 30}, B) == ["plain"] * B
     assert m.mode == "loop" and m._trial is None
     # a probe that finds the kind no longer clearly slower: it runs its blocks in turn
-    _run(m, {"draft": 10, "loop": 40, "plain": 30}, 2 * m.RETRY)
+    _run(m, {"draft": 10, "loop": 40, "plain": 30}, 2 * m.tuning.retry)
     close = {"draft": 35, "loop": 40, "plain": 30}
     seen = _run(m, close, 2 * T + T)
     assert seen == (
@@ -345,29 +350,29 @@ def test_one_unlucky_trial_does_not_hand_the_batch_to_the_slower_kind():
     times, a prompt's prefill landing in it) does not turn the batch over to a kind that is
     slower on the whole; a kind that stays faster in the trials still wins them; and a change
     of rows forgets what was measured before."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     kinds = ("draft", "loop")
     m = StepModes(kinds, price=lambda rows: 10 / rows)
     fast = {"draft": 30, "loop": 45}
-    _run(m, fast, 2 * m.TRIAL + m.RETRY)  # loop won its trial and ran RETRY steps
+    _run(m, fast, 2 * m.tuning.trial + m.tuning.retry)  # loop won its trial and ran RETRY steps
     assert m.mode == "loop" and m._trial is not None
     unlucky = {"draft": 30, "loop": 25}  # this trial's loop blocks emit little
-    seen = _run(m, unlucky, 2 * m.TRIAL)
-    assert seen.count("loop") == seen.count("draft") == m.TRIAL
+    seen = _run(m, unlucky, 2 * m.tuning.trial)
+    assert seen.count("loop") == seen.count("draft") == m.tuning.trial
     assert m.mode == "loop" and m.rate["loop"] > m.rate["draft"] == 30.0
     # the loop stays slower: after a trial or two drafting wins
     for _ in range(3):
         if m.mode == "draft":
             break
-        _run(m, unlucky, m._retry + 2 * m.TRIAL)
+        _run(m, unlucky, m._retry + 2 * m.tuning.trial)
     assert m.mode == "draft"
     # the rows halve where a draft token's price moves: the trial starts from nothing
     m = StepModes(kinds, price=lambda rows: 10 / rows)
-    _run(m, fast, 2 * m.TRIAL + 1, rows=64)
+    _run(m, fast, 2 * m.tuning.trial + 1, rows=64)
     _run(m, fast, 1, rows=16)
     assert m._trial is not None and m._pool == {k: [0.0, 0.0] for k in kinds}
-    _run(m, unlucky, 2 * m.TRIAL, rows=16)
+    _run(m, unlucky, 2 * m.tuning.trial, rows=16)
     assert m.mode == "draft" and m.rate == {"draft": 30.0, "loop": 25.0}
 
 
@@ -376,7 +381,7 @@ def test_work_a_later_step_reads_is_credited_to_the_kind_that_computed_it():
     block emits nothing, and the next kind's first step reads its last. Credited to the
     loop (the seconds waited and the tokens), the loop's 40 tokens a step win over
     drafting's 30; counted where they were read, drafting would have looked faster."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     def trial(credit: bool) -> StepModes:
         m = StepModes(("draft", "loop"))
@@ -405,7 +410,7 @@ def test_a_double_buffered_kinds_entry_measures_nothing_in_a_trial():
     look slower than drafting, and a one-step probe (the entry alone) can never win back;
     not counted, the loop wins its first trial and keeps winning. Outside a trial an entry
     still counts (a row joining makes the loop leave and enter again as it runs)."""
-    from core.engine.draft_length import StepModes
+    from core.engine.step_modes import StepModes
 
     def run(flag: bool, steps: int) -> StepModes:
         m = StepModes(("draft", "loop"))
@@ -425,7 +430,7 @@ def test_a_double_buffered_kinds_entry_measures_nothing_in_a_trial():
     assert flagged.mode == "loop" and len(flagged.trials) >= 4
     assert all(won == "loop" for _, won in flagged.trials)
     first, _ = flagged.trials[0]
-    assert first["loop"][0] == flagged.TRIAL and first["loop"][1] / first["loop"][2] == 40.0
+    assert first["loop"][0] == flagged.tuning.trial and first["loop"][1] / first["loop"][2] == 40.0
     # a step outside a trial counts, entry or not
     m = flagged
     while m._trial is not None:
@@ -436,37 +441,36 @@ def test_a_double_buffered_kinds_entry_measures_nothing_in_a_trial():
 
 
 class StepClock:
-    """The step modes' clock in a test: every reading is one millisecond after the last, and
-    `wait` adds more; so each step costs the same few readings, whatever the machine."""
+    """The step modes' clock in a test: every reading is one millisecond after the last, so
+    each step costs the same few readings, whatever the machine. With `slow` (a step's
+    report -> extra seconds) and the `batch` it times, the first reading that finds the
+    running step's report asking for more adds it once."""
 
-    def __init__(self):
+    def __init__(self, slow=None):
         self.now = 0.0
+        self.slow = slow
+        self.batch = None
+        self._charged = None
 
     def __call__(self) -> float:
         self.now += 0.001
+        report = self.batch.report if self.batch is not None else None
+        if self.slow and report is not None and report is not self._charged:
+            extra = self.slow(report)
+            if extra:
+                self.now += extra
+                self._charged = report
         return self.now
 
-    def wait(self, seconds: float) -> None:
-        self.now += seconds
 
-
-def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(
-    make_tiny, monkeypatch
-):
+def test_a_batch_whose_drafting_steps_are_slower_decodes_plain_and_loses_nothing(make_tiny):
     """Drafting steps made slow on the host (100 ms on the step modes' clock, where a step
     costs a few ms: a drafting step of this tiny model on these repetitive prompts emits up
     to ~8 tokens per row): after trying both kinds of step the batch runs plain steps, and
     every row is still its plain greedy output."""
-    from core.engine.generate import Batch
-
-    clock = StepClock()
-    slow_draft = Batch._draft
-
-    def slow(self, decode):
-        clock.wait(0.1)
-        return slow_draft(self, decode)
-
-    monkeypatch.setattr(Batch, "_draft", slow)
+    clock = StepClock(
+        slow=lambda r: 0.1 if r.runner == "synced" and r.decoding and "draft" in r.phases else 0
+    )
     batch = _ngram_batch_on_repetitive_prompts(make_tiny, clock=clock)
     assert batch.modes.rate["plain"] > batch.modes.rate["draft"]
     # past the trials (both kinds alike), the batch ran plain steps
@@ -496,24 +500,13 @@ def test_the_gate_keeps_the_nodes_whose_chances_pay_and_the_other_rows_drafts():
     assert gate(offers, ks, chances, FLAT)[:48] == [4] * 48
 
 
-def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypatch):
+def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny):
     """A job's first step prefills its whole first wave of prompts, whatever kind of step
     is current (a trial's first block: drafting). Made slow (0.5 s on the step modes' clock
     while prompts are planned), it used to be charged to drafting, which then lost its
     first trial to plain steps on prompts where it emits several tokens a step. Now no kind
     is charged with it: every trial block's seconds are decoding's, and drafting wins."""
-    from core.engine.generate import Batch
-
-    clock = StepClock()
-    plan = Batch._prefill_plan
-
-    def slow(self):
-        out = plan(self)
-        if out:
-            clock.wait(0.5)
-        return out
-
-    monkeypatch.setattr(Batch, "_prefill_plan", slow)
+    clock = StepClock(slow=lambda r: 0.5 if r.prefill_tokens else 0)
     batch = _ngram_batch_on_repetitive_prompts(make_tiny, clock=clock)
     first, won = batch.modes.trials[0]
     assert all(seconds < 0.5 for _, _, seconds in first.values())  # no block held the prompts
@@ -521,24 +514,25 @@ def test_a_step_that_only_prefills_measures_no_kind_of_step(make_tiny, monkeypat
 
 
 @pytest.mark.parametrize("ahead", [True, False])
-def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, monkeypatch, ahead):
+def test_a_plain_block_begins_with_an_entry_and_only_there(make_tiny, ahead):
     """In a real batch the first plain step after a drafting step queues a step with none of
     its own to read: where the device runs ahead of the host, that one, and no other, is
     told to the step modes as an entry; no drafting step ever is (each reads its own). On
     the CPU, where queueing a step computes it, none is."""
-    from core.engine.draft_length import StepModes
+    from core.engine.config import ModeTuning
 
-    seen = []
-    observe = StepModes.observe
+    seen = []  # the steps the step modes measure (those with decoding rows), as told to them
 
-    def recorded(self, mode, tokens, seconds, rows=None, evidence=0, entry=False):
-        seen.append((mode, entry))
-        return observe(self, mode, tokens, seconds, rows, evidence, entry)
+    def told(r):
+        if r.decoding:
+            seen.append((r.kind, r.entry and ahead))
 
-    monkeypatch.setattr(StepModes, "observe", recorded)
-    monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: many switches of kind
-    monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
-    _ngram_batch_on_repetitive_prompts(make_tiny, runs_ahead=ahead)
+    _ngram_batch_on_repetitive_prompts(
+        make_tiny,
+        runs_ahead=ahead,
+        observers=[told],
+        modes=ModeTuning(retry=8, retry_max=8),  # trials often: many switches of kind
+    )
     modes = [m for m, _ in seen]
     firsts = [i for i, m in enumerate(modes) if m == "plain" and i > 0 and modes[i - 1] == "draft"]
     assert len(firsts) >= 1  # the first trial's plain block; later switches follow timing
@@ -558,6 +552,8 @@ def _ngram_batch_on_repetitive_prompts(make_tiny, **kw):
     flat = CostSurface.flat()
     engine = Engine(target, draft="ngram", surface=flat, batch_size=3, **kw)
     batch = engine.new_batch()
+    if isinstance(kw.get("clock"), StepClock):
+        kw["clock"].batch = batch
     for i, (p, q) in enumerate(reqs):
         batch.submit(p, q, tag=i)
     got = {r.tag: r for r in batch.run()}

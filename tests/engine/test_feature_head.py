@@ -298,8 +298,7 @@ def test_where_a_token_costs_time_rows_verify_only_the_heads_likely_nodes(
     calibrated into a chance per node, and each gate keeps the nodes of highest chance
     (a kept node's chance is never below a dropped one's). Some nodes are dropped, some
     kept; output is plain greedy's."""
-    from core.engine import Engine, GenerationParams
-    from core.engine import generate as gen
+    from core.engine import Engine, GenerationParams, proposal
     from core.engine.adapters import load, save
     from core.engine.drafters.feature_head import FeatureHeadDrafter
     from tests.engine.conftest import store_head
@@ -320,7 +319,7 @@ def test_where_a_token_costs_time_rows_verify_only_the_heads_likely_nodes(
             asked.append((*row, self.adapter))
         return chances(self, seqs, draft)
 
-    real_gate = gen.gate
+    real_gate = proposal.gate_nodes
 
     def spy_gate(offers, ks, ch, surface):
         kept = real_gate(offers, ks, ch, surface)
@@ -328,7 +327,7 @@ def test_where_a_token_costs_time_rows_verify_only_the_heads_likely_nodes(
         return kept
 
     monkeypatch.setattr(FeatureHeadDrafter, "chances", spy_chances)
-    monkeypatch.setattr(gen, "gate", spy_gate)
+    monkeypatch.setattr(proposal, "gate_nodes", spy_gate)
     reqs = [
         (target.encode_prompt(p), GenerationParams(max_tokens=30 + 4 * i))
         for i, p in enumerate(WORKLOAD[:6])
@@ -429,8 +428,8 @@ def test_a_probe_of_the_head_never_takes_a_row_a_better_offer_holds(
     """Under `auto` the head probes a row it has not drafted for a while (a forced node that
     teaches its chances), but only where the row would choose it: a row whose prompt lookup
     or suffix index offers more keeps that drafter's step. Output is plain greedy's."""
-    from core.engine import Engine, GenerationParams
-    from core.engine import generate as gen
+    from core.engine import Engine, GenerationParams, proposal
+    from core.engine.proposal import Proposal
     from tests.engine.conftest import store_head
     from tests.engine.test_draft_length import FLAT
 
@@ -438,7 +437,7 @@ def test_a_probe_of_the_head_never_takes_a_row_a_better_offer_holds(
     target = make_tiny(0)
     store_head(target)
     offers, rates, taken = {}, {}, []
-    offer, alone, draft = gen.Batch._offer, gen._alone, gen.Batch._draft
+    offer, alone, plan_of = Proposal.offer, proposal.alone_rate, Proposal.plan
 
     def spy_offer(self, d, s, i, lookups, cap):
         o = offer(self, d, s, i, lookups, cap)
@@ -450,9 +449,9 @@ def test_a_probe_of_the_head_never_takes_a_row_a_better_offer_holds(
         rates[id(o)] = r = alone(o, marginal, cost)
         return r
 
-    def spy_draft(self, decode):
+    def spy_plan(self, decode, drafters):
         offers.clear()
-        plan = draft(self, decode)
+        plan = plan_of(self, decode, drafters)
         for i, d in enumerate(plan.choice):
             mine = {n: o for n, o in offers.get(i, [])}
             if "head" in mine and mine["head"].probe:
@@ -464,9 +463,9 @@ def test_a_probe_of_the_head_never_takes_a_row_a_better_offer_holds(
                 taken.append((d is not None and d.name == "head", rates[id(mine["head"])], best))
         return plan
 
-    monkeypatch.setattr(gen.Batch, "_offer", spy_offer)
-    monkeypatch.setattr(gen, "_alone", spy_alone)
-    monkeypatch.setattr(gen.Batch, "_draft", spy_draft)
+    monkeypatch.setattr(Proposal, "offer", spy_offer)
+    monkeypatch.setattr(proposal, "alone_rate", spy_alone)
+    monkeypatch.setattr(Proposal, "plan", spy_plan)
     # repetitive answers: prompt lookup and the suffix index have much to offer
     prompts = [WORKLOAD[i % 4] + " " + WORKLOAD[i % 4] for i in range(8)]
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=48)) for p in prompts]

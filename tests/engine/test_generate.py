@@ -422,28 +422,25 @@ def test_rows_sharing_a_prompt_prefix_copy_it_and_generate_the_same(make_tiny, b
 
 
 @pytest.mark.parametrize("head", [4, 256])
-def test_the_shared_prefix_found_for_all_rows_at_once_is_the_one_row_by_row(
-    make_tiny, monkeypatch, head
-):
-    """The donor and length `_shared` finds comparing every row's prompt head at once are
+def test_the_shared_prefix_found_for_all_rows_at_once_is_the_one_row_by_row(make_tiny, head):
+    """The donor and length `Prefill.shared` finds comparing every row's prompt head at once are
     those of comparing row by row (prompts longer than the head, shorter rows, ties, rows
     holding less than they share, slots reused by other rows)."""
     from types import SimpleNamespace
 
-    from core.engine import generate
+    from core.engine.prefill import common
 
-    monkeypatch.setattr(generate, "PROMPT_HEAD", head)
     rng = np.random.default_rng(3)
-    batch = Engine(make_tiny(0), draft="none", surface=FLAT).new_batch(6)
+    batch = Engine(make_tiny(0), draft="none", surface=FLAT, prompt_head=head).new_batch(6)
 
     def one_by_one(s):
         best, donor = 0, None
         for o in batch.rows:
             if o is not None and o is not s:
-                n = batch._common(s, o, o.have)
+                n = common(s, o, o.have)
                 if n > best:
                     best, donor = n, o
-        return (best, donor) if best >= generate.MIN_SHARED_PREFIX else (0, None)
+        return (best, donor) if best >= batch.config.min_shared_prefix else (0, None)
 
     stems = [list(rng.integers(0, 50, 40)) for _ in range(3)]
     found = 0
@@ -454,10 +451,10 @@ def test_the_shared_prefix_found_for_all_rows_at_once_is_the_one_row_by_row(
                 prompt = stem + list(rng.integers(0, 50, rng.integers(1, 12)))
                 have = int(rng.integers(0, len(prompt) + 1))
                 batch.rows[slot] = SimpleNamespace(prompt=prompt, slot=slot, have=have)
-                batch._write_head(batch.rows[slot])
+                batch.prefill.write_head(batch.rows[slot])
         s = batch.rows[int(rng.integers(6))]
         want = one_by_one(s)
-        assert batch._shared(s, lambda o: o.have) == want
+        assert batch.prefill.shared(s, lambda o: o.have) == want
         found += want[1] is not None
     assert found > 20
 

@@ -9,9 +9,8 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel, generate
-from core.engine.draft_length import StepModes
-from core.engine.generate import Batch
+from core.engine import Batch, CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine.config import ModeTuning
 from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
 
@@ -41,23 +40,20 @@ def _priced(eng, ms: float) -> Engine:
     return eng
 
 
-def _counted(monkeypatch):
-    """Counts of the batch's resident steps, loop entries and plain steps, as they run."""
+def _counted():
+    """Counts of a batch's resident steps, loop entries and plain steps, as they run, and
+    the step observer that counts them."""
     seen = {"steps": 0, "entries": 0, "plain": 0}
-    step, plain = Batch._step_resident, Batch._step_plain
 
-    def counted_step(self):
-        seen["entries"] += self._loop is None
-        seen["steps"] += 1
-        return step(self)
+    def count(r):
+        seen["entries"] += r.runner == "loop" and r.entry
+        seen["steps"] += r.runner == "loop"
+        seen["plain"] += r.runner == "plain"
 
-    def counted_plain(self):
-        seen["plain"] += 1
-        return plain(self)
+    return seen, count
 
-    monkeypatch.setattr(Batch, "_step_resident", counted_step)
-    monkeypatch.setattr(Batch, "_step_plain", counted_plain)
-    return seen
+
+OFTEN = ModeTuning(retry=8, retry_max=8)  # a trial every 8 steps: every kind runs often
 
 
 @pytest.mark.parametrize(
@@ -84,16 +80,21 @@ def test_resident_greedy_output_is_plain_greedy(
     monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(3)
     store_head(target, vocab=vocab)
-    seen = _counted(monkeypatch)
-    if modes:  # a trial every 8 steps: the loop is left and entered again whichever wins
-        monkeypatch.setattr(StepModes, "RETRY", 8)
-        monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
+    seen, count = _counted()
     reqs = [
         (target.encode_prompt(p), GenerationParams(max_tokens=9 + 5 * i))
         for i, p in enumerate(WORKLOAD[:7])
     ]
     eng = Engine(
-        target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=modes, k=k
+        target,
+        draft="head",
+        surface=FLAT,
+        batch_size=3,
+        resident=True,
+        step_modes=modes,
+        k=k,
+        modes=OFTEN,  # (with step modes: the loop is left and entered again whichever wins)
+        observers=[count],
     )
     out = _priced(eng, 0.02).generate_many(reqs)
     seen = dict(seen)  # (not the plain runs below)
@@ -124,30 +125,14 @@ def test_each_loop_entry_reaches_the_step_modes_as_an_entry(make_tiny, adapter_h
     the step modes as an entry, and no other step of the loop's kind is: each step's flag
     is checked against whether that step entered the loop. Output stays plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: the loop is entered again
-    monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
     target = make_tiny(3)
     store_head(target)
-    flags = []  # each observed step of the loop's kind: (told an entry, entered the loop)
-    entered = {"last": None}  # the step that ran last: entered the loop, or ran in it
-    observe, step, resident = StepModes.observe, Batch._step, Batch._step_resident
+    flags = []  # each measured step of the loop's kind: (told an entry, entered the loop)
 
-    def recorded(self, mode, tokens, seconds, rows=None, evidence=0, entry=False):
-        if mode == "loop":
-            flags.append((entry, entered["last"]))
-        return observe(self, mode, tokens, seconds, rows, evidence, entry)
+    def recorded(r):
+        if r.kind == "loop" and r.decoding:  # (None: a host-synced step, rows joining)
+            flags.append((r.entry, r.entry if r.runner == "loop" else None))
 
-    def marked_step(self):
-        entered["last"] = None  # (a host-synced step of the loop's kind: rows joining)
-        return step(self)
-
-    def marked_resident(self):
-        entered["last"] = self._loop is None
-        return resident(self)
-
-    monkeypatch.setattr(StepModes, "observe", recorded)
-    monkeypatch.setattr(Batch, "_step", marked_step)
-    monkeypatch.setattr(Batch, "_step_resident", marked_resident)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=40)) for p in WORKLOAD[:4]]
     eng = Engine(
         target,
@@ -157,6 +142,8 @@ def test_each_loop_entry_reaches_the_step_modes_as_an_entry(make_tiny, adapter_h
         resident=True,
         step_modes=True,
         runs_ahead=True,
+        modes=OFTEN,  # trials often: the loop is entered again
+        observers=[recorded],
     )
     out = _priced(eng, 0.02).generate_many(reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
@@ -185,7 +172,8 @@ def test_resident_rows_stop_at_eos_and_stop_strings_as_plain_ones(
     eng = Engine(
         target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False, k=1
     )
-    seen = _counted(monkeypatch)
+    seen, count = _counted()
+    eng.observers.append(count)
     got = eng.generate_many(reqs)
     want = Engine(target, draft="none", surface=FLAT, batch_size=1)
     for r, (p, q) in zip(got, reqs, strict=True):
@@ -209,7 +197,7 @@ def test_sampled_rows_in_the_loop_draw_plain_seeded_samplings_tokens(
     monkeypatch.setenv("APPLESPEC_KV_PAD", pad)
     target = make_tiny(3)
     store_head(target)
-    seen = _counted(monkeypatch)
+    seen, count = _counted()
     reqs = [
         (target.encode_prompt(p), GenerationParams(max_tokens=16 + 3 * i, **kw))
         for i, (p, kw) in enumerate(
@@ -227,7 +215,14 @@ def test_sampled_rows_in_the_loop_draw_plain_seeded_samplings_tokens(
         )
     ]
     eng = Engine(
-        target, draft="head", surface=FLAT, batch_size=3, resident=True, step_modes=False, k=k
+        target,
+        draft="head",
+        surface=FLAT,
+        batch_size=3,
+        resident=True,
+        step_modes=False,
+        k=k,
+        observers=[count],
     )
     out = eng.generate_many(reqs)
     seen = dict(seen)
@@ -244,15 +239,15 @@ def test_rows_asking_for_logprobs_and_other_drafters_do_not_run_the_loop(
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     target = make_tiny(3)
     store_head(target)
-    seen = _counted(monkeypatch)
+    seen, count = _counted()
     p = target.encode_prompt(WORKLOAD[0])
     asked = GenerationParams(max_tokens=12, logprobs=True)
-    eng = Engine(target, draft="head", surface=FLAT, batch_size=2, resident=True)
+    eng = Engine(target, draft="head", surface=FLAT, batch_size=2, resident=True, observers=[count])
     r = eng.generate(p, asked)
     assert r.tokens == Engine(target, draft="none", surface=FLAT).generate(p, asked).tokens
-    Engine(target, draft="ngram", surface=FLAT, batch_size=2, resident=True).generate(
-        p, GenerationParams(max_tokens=12)
-    )
+    Engine(
+        target, draft="ngram", surface=FLAT, batch_size=2, resident=True, observers=[count]
+    ).generate(p, GenerationParams(max_tokens=12))
     assert seen["steps"] == 0
 
 
@@ -264,33 +259,41 @@ def test_a_step_where_rows_join_drafts_with_the_head(make_tiny, adapter_home, mo
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
     target = make_tiny(3)
     store_head(target)
-    drafted = []  # per host-synced step with rows decoding: whether the head drafted
-    draft = Batch._draft
+    drafted = []  # per host-synced step with rows decoding: (a row asks logprobs, drafted)
+    batch = None
 
-    def recorded(self, decode):
-        plan = draft(self, decode)
-        asks = any(s.params.logprobs for s in decode)
-        drafted.append((asks, any(sum(d.sizes) for d in plan.drafts.values())))
-        return plan
+    def recorded(r):
+        if r.runner == "synced" and r.decoding:
+            asks = any(s is not None and s.params.logprobs for s in batch.rows)
+            drafted.append((asks, r.drafted > 0))
 
-    monkeypatch.setattr(Batch, "_draft", recorded)
     reqs = [
         (target.encode_prompt(p), GenerationParams(max_tokens=9 + 5 * i))
         for i, p in enumerate(WORKLOAD[:7])
     ]
     eng = _priced(
-        Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True, k=1), 0.02
+        Engine(
+            target,
+            draft="head",
+            surface=FLAT,
+            batch_size=3,
+            resident=True,
+            k=1,
+            observers=[recorded],
+        ),
+        0.02,
     )
     batch = eng.new_batch()
     out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
-    assert sum(batch.loop_steps.values()) > 10
+    assert sum(batch.loop.chains.values()) > 10
     joins = [d for asks, d in drafted if not asks]
     assert len(joins) >= 3  # rows joined while others decoded
     assert any(joins)
     drafted.clear()
     asked = [(reqs[0][0], GenerationParams(max_tokens=12, logprobs=True)), *reqs[1:3]]
-    out = _through(eng.new_batch(), asked)
+    batch = eng.new_batch()
+    out = _through(batch, asked)
     assert [r.tokens for r in out] == _plain(target, asked)
     assert any(d for asks, d in drafted if asks)
 
@@ -305,14 +308,15 @@ def test_the_loop_is_on_by_default_on_a_gpu_and_runs_without_step_modes(
     target = make_tiny(3)
     store_head(target)
     on_gpu = mx.default_device() == mx.gpu
-    assert Engine(target, draft="head", surface=FLAT).resident == on_gpu
+    assert Engine(target, draft="head", surface=FLAT).config.resident == on_gpu
     loop = _priced(Engine(target, draft="head", surface=FLAT, batch_size=3, resident=True), 0.02)
     assert loop.new_batch().modes is None
     asked = Engine(target, draft="head", surface=FLAT, resident=True, step_modes=True)
     assert asked.new_batch().modes is not None
     assert Engine(target, draft="ngram", surface=FLAT, resident=True).new_batch().modes is not None
     assert Engine(target, draft="head", surface=FLAT, resident=False).new_batch().modes is not None
-    seen = _counted(monkeypatch)
+    seen, count = _counted()
+    loop.observers.append(count)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=20)) for p in WORKLOAD[:3]]
     out = loop.generate_many(reqs)
     seen = dict(seen)
@@ -336,7 +340,7 @@ def test_the_loops_chain_length_follows_the_machines_costs(make_tiny, adapter_ho
         batch = _priced(eng, 0.02).new_batch()
         out = _through(batch, reqs)
         assert [r.tokens for r in out] == want
-        chains[name], plain[name] = batch.loop_steps, batch.steps - batch.loop_steps.total()
+        chains[name], plain[name] = batch.loop.chains, batch.steps - batch.loop.chains.total()
     assert max(chains["free"]) > 1 and chains["free"].total() > 5
     assert not chains["dear"] and plain["dear"] > 20
 
@@ -349,30 +353,19 @@ def test_where_no_chain_pays_the_loop_still_probes_now_and_then(
     (its acceptance is measured only as it runs), each next probe waiting twice as long up
     to `LOOP_PROBE_MAX`. Output is plain greedy's."""
     monkeypatch.setenv("APPLESPEC_HOME", str(adapter_home))
-    monkeypatch.setattr(generate, "LOOP_CHOOSE_EVERY", 4)
-    monkeypatch.setattr(generate, "LOOP_PROBE", 8)
-    monkeypatch.setattr(generate, "LOOP_PROBE_MAX", 16)
     target = make_tiny(3)
     store_head(target)
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=40)) for p in WORKLOAD[:3]]
-    probes = []
-    choose = Batch._loop_k
-
-    def recorded(self):
-        before = self._probe
-        k = choose(self)
-        if self._probe != before and k:
-            probes.append((self.steps, self._probe[1], k))
-        return k
-
-    monkeypatch.setattr(Batch, "_loop_k", recorded)
-    eng = _priced(Engine(target, draft="head", surface=DEAR, batch_size=3, resident=True), 0.02)
-    batch = eng.new_batch()
+    often = dict(loop_choose_every=4, loop_probe=8, loop_probe_max=16)
+    eng = Engine(target, draft="head", surface=DEAR, batch_size=3, resident=True, **often)
+    batch = _priced(eng, 0.02).new_batch()
     out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
-    assert len(probes) >= 2 and [w for _, w, _ in probes[:2]] == [16, 16]
+    probes = batch.loop.probes
+    assert len(probes) >= 2 and [w for _, w in probes[:2]] == [16, 16]
     assert probes[1][0] - probes[0][0] >= 16  # the second waited twice the first's 8
-    assert 0 < batch.loop_steps.total() < batch.steps / 2, (batch.loop_steps, batch.steps)
+    chains = batch.loop.chains
+    assert 0 < chains.total() < batch.steps / 2, (chains, batch.steps)
 
 
 def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
@@ -416,22 +409,22 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
     assert off.modes.kinds == ("draft", "plain")  # no loop: the head drafts host-synced
     out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
-    assert all(batch.modes.steps[kind] >= batch.modes.BLOCK for kind in batch.modes.kinds)
-    loop_tokens = sum(k * n for k, n in batch.loop_steps.items())
+    assert all(batch.modes.steps[kind] >= batch.modes.tuning.block for kind in batch.modes.kinds)
+    loop_tokens = sum(k * n for k, n in batch.loop.chains.items())
     assert loop_tokens > 0
     # every loop step's drafts went to the loop's statistics; the host-synced steps' to
     # the drafter each row chose (metrics: what each drafter proposed, in both)
     proposed = Counter()
     for r in out:
         proposed.update(r.speculative["draft_tokens_by_drafter"])
-    assert sum(chained) >= loop_tokens and set(chained) == set(batch.loop_steps)
+    assert sum(chained) >= loop_tokens and set(chained) == set(batch.loop.chains)
     assert observed.get("head", 0) + sum(chained) == proposed["head"]
     assert observed.get("ngram", 0) == proposed["ngram"]
     # the loop's chain length is chosen from the loop's statistics alone
     assert eng.acceptance["head (loop)"] is not eng.acceptance["head"]
     # after an engine failure the batch builds its drafters again: the loop's head with them
     batch.abandon()
-    assert batch._loop_head is batch.drafters[-1] and batch._loop_head.name == "head"
+    assert batch.loop.head is batch.drafters[-1] and batch.loop.head.name == "head"
 
 
 @pytest.mark.parametrize("resident", [True, False])
@@ -442,45 +435,39 @@ def test_each_kind_of_step_drafts_with_its_own_drafters(make_tiny, tmp_path, mon
     run: rows joining, a row asking for log-probabilities). Without the loop, the head
     drafts host-synced beside the others as before. Plain steps draft nothing, also where
     they sync (that row). Output is plain greedy's either way."""
-    from core.engine.drafters.feature_head import FeatureHeadDrafter
-    from core.engine.drafters.ngram import NgramDrafter
-    from core.engine.drafters.suffix import SuffixDrafter
-
     monkeypatch.setenv("APPLESPEC_HOME", str(tmp_path))
-    monkeypatch.setattr(StepModes, "RETRY", 8)  # trials often: every kind runs many steps
-    monkeypatch.setattr(StepModes, "RETRY_MAX", 8)
     target = make_tiny(3)
     store_head(target)
     by_kind: dict[str, Counter[str]] = {"head": Counter(), "lookup": Counter()}
 
-    def recorded(cls, who):
-        propose = cls.propose
+    def recorded(r):  # host-synced steps with rows decoding: the drafters their rows chose among
+        if r.runner == "synced" and r.decoding:
+            for name in r.drafters:
+                by_kind["head" if name == "head" else "lookup"][r.kind] += name != "forced"
 
-        def wrapped(self, rows, ks):
-            if batch._loop is None and not (batch._mode == "loop" and batch._resident_ok()):
-                by_kind[who][batch._mode] += 1  # a host-synced step's (not the loop's entry)
-            return propose(self, rows, ks)
-
-        monkeypatch.setattr(cls, "propose", wrapped)
-
-    recorded(FeatureHeadDrafter, "head")
-    recorded(NgramDrafter, "lookup")
-    recorded(SuffixDrafter, "lookup")
     reqs = [(target.encode_prompt(p), GenerationParams(max_tokens=60)) for p in WORKLOAD[:6]]
     # a row asking for log-probabilities: while it runs, the loop's kind drafts host-synced
     reqs[0] = (reqs[0][0], GenerationParams(max_tokens=60, logprobs=True))
-    eng = _priced(Engine(target, draft="auto", surface=FLAT, batch_size=3, resident=resident), 0.02)
-    batch = eng.new_batch()
+    eng = Engine(
+        target,
+        draft="auto",
+        surface=FLAT,
+        batch_size=3,
+        resident=resident,
+        modes=OFTEN,
+        observers=[recorded],
+    )
+    batch = _priced(eng, 0.02).new_batch()
     out = _through(batch, reqs)
     assert [r.tokens for r in out] == _plain(target, reqs)
-    assert batch.modes.steps["draft"] >= batch.modes.BLOCK
-    assert by_kind["lookup"]["draft"] >= batch.modes.BLOCK
+    assert batch.modes.steps["draft"] >= batch.modes.tuning.block
+    assert by_kind["lookup"]["draft"] >= batch.modes.tuning.block
     assert batch.modes.steps["plain"] > 0
     assert by_kind["lookup"]["plain"] == by_kind["head"]["plain"] == 0  # plain, though synced
     if resident:
         assert by_kind["head"]["draft"] == 0
         assert by_kind["lookup"]["loop"] == 0
         assert by_kind["head"]["loop"] > 0
-        assert sum(batch.loop_steps.values()) > 0
+        assert sum(batch.loop.chains.values()) > 0
     else:
         assert by_kind["head"]["draft"] > 0  # the same rows choose the head where no loop runs

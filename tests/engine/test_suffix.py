@@ -269,9 +269,7 @@ def test_matches_on_characters_across_tokenizations():
         encode_text=lambda t: list(tok.encode(t, add_special_tokens=False)),
         encode_texts=lambda ts: [list(tok.encode(t, add_special_tokens=False)) for t in ts],
     )
-    drafter = SuffixDrafter(
-        SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora()))
-    )
+    drafter = SuffixDrafter(target, Corpora())
     stored = '{"name": "Maria", "label": "positive"}'
     drafter.corpora.get("job").add(stored)
     written = '{"name": "Omar", "lab'
@@ -359,9 +357,7 @@ def test_a_row_that_goes_on_as_its_walk_said_is_not_walked_again(monkeypatch):
         encode_text=lambda t: [ord(c) for c in t],
         encode_texts=lambda ts: [[ord(c) for c in t] for t in ts],
     )
-    drafter = SuffixDrafter(
-        SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora()))
-    )
+    drafter = SuffixDrafter(target, Corpora())
     answer = '{"name": "Maria Lopez", "city": "Madrid", "label": "positive"}'
     drafter.corpora.get("job").add(answer)
     walks = []
@@ -402,7 +398,7 @@ def test_rows_that_ask_alike_in_one_step_share_one_walk(monkeypatch):
     )
 
     def drafter():
-        d = SuffixDrafter(SimpleNamespace(target=target, engine=SimpleNamespace(corpora=Corpora())))
+        d = SuffixDrafter(target, Corpora())
         for a in ('{"label": "positive", "city": "Rome"}', '{"label": "negative", "city": "Oslo"}'):
             d.corpora.get("job").add(a)
         return d

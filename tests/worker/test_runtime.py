@@ -21,7 +21,7 @@ def runtimes():
 
 @pytest.fixture
 def _runtime(monkeypatch, runtimes):
-    monkeypatch.setattr("core.engine.generate.load_or_measure", lambda *a, **k: CostSurface.flat())
+    monkeypatch.setattr("core.engine.engine.load_or_measure", lambda *a, **k: CostSurface.flat())
 
     def make(batch_size):
         rt = Runtime(batch_size)

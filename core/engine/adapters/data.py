@@ -90,7 +90,7 @@ def answer(
     """The target's greedy answer to every prompt, then `samples` sampled answers each
     (seeded), batched with no drafting; `max_tokens` for all or per prompt.
     `on_result(tokens)` after each answer."""
-    from ..generate import Engine
+    from ..engine import Engine
 
     caps = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     reqs = [(p, GenerationParams(max_tokens=m)) for p, m in zip(prompts, caps, strict=True)]

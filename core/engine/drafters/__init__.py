@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from .base import Draft, Drafter
+from .base import Draft, DraftContext, Drafter
 
 
 @dataclass(frozen=True)
@@ -21,14 +20,14 @@ class Entry:
         arg: what follows the colon ("L", "NAME", "SHAPE"), None when nothing may, "SHAPE?"
             when it is optional.
         help: one line for `--help` and error messages.
-        build: (engine, arg) -> the drafters in play for this spec (`auto`: several).
+        build: (context, arg) -> the drafters in play for this spec (`auto`: several).
         check: validates `arg` (raises ValueError), before anything is loaded.
     """
 
     name: str
     arg: str | None
     help: str
-    build: Callable[[Any, str | None], list[Drafter]]
+    build: Callable[[DraftContext, str | None], list[Drafter]]
     check: Callable[[str], None] | None = None
 
     @property
@@ -50,26 +49,26 @@ def _adapter_layer(arg: str) -> None:
         raise ValueError(f"adapter takes a layer number, got {arg!r}")
 
 
-def _ngram(engine, arg):
+def _ngram(ctx: DraftContext, arg):
     from .ngram import NgramDrafter
 
-    return [NgramDrafter(engine.target)]
+    return [NgramDrafter(ctx.target)]
 
 
-def _early_exit(engine, arg):
+def _early_exit(ctx: DraftContext, arg):
     from .early_exit import EarlyExitDrafter
 
-    return [EarlyExitDrafter(engine.target, engine.cache, int(arg))]
+    return [EarlyExitDrafter(ctx.target, ctx.cache, int(arg))]
 
 
-def _draft_model(engine, arg):
-    return [engine.draft_model_drafter()]
+def _draft_model(ctx: DraftContext, arg):
+    return [ctx.draft_model()]
 
 
-def _suffix(engine, arg):
+def _suffix(ctx: DraftContext, arg):
     from .suffix import SuffixDrafter
 
-    return [SuffixDrafter(engine)]
+    return [SuffixDrafter(ctx.target, ctx.corpora)]
 
 
 def _width(arg: str) -> None:
@@ -77,24 +76,24 @@ def _width(arg: str) -> None:
         raise ValueError(f"head takes a tree width (1 = a chain), got {arg!r}")
 
 
-def _adapter(engine, arg, width: int | None = None):
-    adapter = engine.engine.adapter
+def _adapter(ctx: DraftContext, arg, width: int | None = None):
+    adapter = ctx.adapter
     if adapter.kind == "feature-head":
         from .feature_head import WIDTH, FeatureHeadDrafter
 
         head = FeatureHeadDrafter(
-            engine.target,
-            engine.capacity,
+            ctx.target,
+            ctx.capacity,
             adapter,
             width or WIDTH,
-            plain_ms=lambda rows: engine.engine.surface(rows, rows),
-            timings=engine.engine.step_ms.setdefault(("head", engine.capacity), {}),
+            plain_ms=ctx.plain_ms,
+            timings=ctx.head_timings,
         )
-        head.keep = engine.engine.learner is not None  # its learner takes the states it read
+        head.keep = ctx.learns  # its learner takes the states it read
         return [head]
     from .adapter import AdapterDrafter
 
-    return [AdapterDrafter(engine.target, engine.cache, adapter)]
+    return [AdapterDrafter(ctx.target, ctx.cache, adapter)]
 
 
 def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, pricing=None):
@@ -138,33 +137,33 @@ def stored_adapter(target, name: str, arg: str | None, untrained: bool = False, 
         return None  # a corrupt or foreign file: the other drafters draft
 
 
-def _head(engine, arg):
-    return _adapter(engine, None, int(arg) if arg else None)
+def _head(ctx: DraftContext, arg):
+    return _adapter(ctx, None, int(arg) if arg else None)
 
 
-def _forced(engine, arg):
+def _forced(ctx: DraftContext, arg):
     from .forced import ForcedDrafter
 
     return [ForcedDrafter()]
 
 
-def _auto(engine, arg):
+def _auto(ctx: DraftContext, arg):
     # Prompt lookup, the job's suffix index, the draft model when one is configured and
     # the best stored self-drafter when there is one; each row uses the one whose measured
     # acceptance promises the most tokens per unit of time. The grammar's forced tokens
     # first: they draft only for rows with a response_format.
-    out = _forced(engine, None) + _ngram(engine, None) + _suffix(engine, None)
-    if engine.draft_model is not None:
-        out.append(engine.draft_model_drafter())
-    if engine.engine.adapter is not None:
-        out += _adapter(engine, None)
+    out = _forced(ctx, None) + _ngram(ctx, None) + _suffix(ctx, None)
+    if ctx.draft_model is not None:
+        out.append(ctx.draft_model())
+    if ctx.adapter is not None:
+        out += _adapter(ctx, None)
     return out
 
 
-def _tree(engine, arg):
+def _tree(ctx: DraftContext, arg):
     from .tree import TreeDrafter
 
-    return [TreeDrafter(engine)]
+    return [TreeDrafter(ctx.target)]
 
 
 ENTRIES = [

@@ -21,8 +21,9 @@ Per-row state lives in `seq.state[drafter.name]`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
@@ -125,3 +126,31 @@ class Drafter(Protocol):
         """How much this drafter has learned from the batch's finished rows (a suffix
         index's answers; 0 for drafters that do not learn): the batch re-measures drafting
         against plain steps each time it doubles."""
+
+
+@dataclass
+class DraftContext:
+    """What a batch hands the drafters it builds (drafters/__init__.py's entries).
+
+    Attributes:
+        target: the target model.
+        cache: the batch's target KV cache (a self-drafter reads the target's early layers).
+        capacity: the batch's rows.
+        adapter: the engine's stored self-drafter, if any.
+        draft_model: the engine's draft model's drafter for this batch (built on first use),
+            None without a draft model.
+        plain_ms: rows -> one plain target step's cost at that many rows (the verify surface).
+        head_timings: the feature head's step timings on this machine, kept across batches.
+        learns: whether the self-drafter learns online (it then keeps the states it read).
+        corpora: per job, the suffix index of its finished answers.
+    """
+
+    target: Any
+    cache: Any
+    capacity: int
+    adapter: Any
+    draft_model: Callable[[], Drafter] | None
+    plain_ms: Callable[[int], float]
+    head_timings: dict
+    learns: bool
+    corpora: Any

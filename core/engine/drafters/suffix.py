@@ -461,9 +461,9 @@ class SuffixDrafter:
     calibrated = True
     prior = None  # its kind's guessed prior
 
-    def __init__(self, batch):
-        self.target = batch.target
-        self.corpora: Corpora = batch.engine.corpora
+    def __init__(self, target, corpora: Corpora):
+        self.target = target
+        self.corpora = corpora
         self.calibration = Calibration()
         self._chars_of: dict[int, int] = {}  # token -> characters it decodes to, alone
         self._buckets: dict[int, list[tuple[int, int]]] = {}  # row uid -> last draft's buckets

@@ -116,9 +116,8 @@ class TreeDrafter:
     calibrated = False
     prior = None  # its kind's guessed prior
 
-    def __init__(self, batch):
-        self.batch = batch
-        self.target = batch.target
+    def __init__(self, target):
+        self.target = target
         self.ranks = RankStats()
 
     def admit(self, seq) -> None:
