@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The suite's GPU runs (MLX's CUDA backend on an H100 or H200): the same commands as
-# bench/README.md, with the paths of the lent host. Results go to $OUT named h200-*;
-# rename them to the host's GPU (h100-*) when one is kept in bench/results/ and add it to
+# bench/README.md, with the paths of the lent host. Results go to $OUT named h200-<what>;
+# rename them to the host's GPU (h100-<what>) when one is kept in bench/results/ and add it to
 # bench/results/MANIFEST.md. Each mode's comment names its files; each runs under 10 minutes.
 #
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
