@@ -22,7 +22,8 @@ def load_engine(model: str, draft: str, k: int | None, learn: float = 0.0, **kw)
     """Engine.load with a model the user got wrong as a one-line error; `learn`: the
     self-drafter's online learning share (APPLESPEC_LEARN_SHARE). One-time setup says
     what it does on stderr."""
-    from core.engine import Engine, ModelError
+    from core.engine import Engine
+    from core.models import ModelError
 
     try:
         return Engine.load(

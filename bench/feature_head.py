@@ -14,12 +14,12 @@ import json
 import time
 from pathlib import Path
 
-from core.engine import load_model
 from core.engine.adapters.block import target_size
 from core.engine.adapters.data import answer, answer_cached, features, features_cached, split
 from core.engine.adapters.head import head_examples, new_head, size, train_head
 from core.engine.adapters.store import model_key
 from core.engine.benchmark import load_job
+from core.models import load_model
 
 
 def main() -> None:

@@ -11,9 +11,10 @@ import argparse
 import time
 
 import core.engine.generate as generate
-from core.engine import Engine, GenerationParams, load_model
+from core.engine import Engine, GenerationParams
 from core.engine.benchmark import load_job
 from core.engine.draft_length import GATE_COST
+from core.models import load_model
 
 OFF = float("inf")  # no draft token costs that much: the gate is never asked
 

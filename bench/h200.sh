@@ -17,7 +17,7 @@ store_adapter() {
   python3 - "$1" <<'PY'
 import shutil, sys
 from pathlib import Path
-from core.engine import load_model
+from core.models import load_model
 from core.engine.adapters.store import adapters_dir, load, model_key, read_meta
 t = load_model("smollm2-135m")
 dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
@@ -48,7 +48,7 @@ KEPT=bench/results/${GPU:-gpu}-cost-surface-smollm2.json
 if [ "${SURFACE:-}" != measure ] && [ -f "$KEPT" ]; then
   python3 - "$KEPT" <<'PY'
 import pathlib, sys
-from core.engine import load_model
+from core.models import load_model
 from core.engine.costs import surface_path
 t = load_model("smollm2-135m")
 path = surface_path(t.model, t.weight_format)
@@ -143,7 +143,7 @@ calibrate)  # -> h200-calibrate-open-L6.json, h200-adapter-open-held-out.json: a
   python3 bench/held_out_job.py "$HOME/open-3000.jsonl" -o "$HOME/open-held-out.jsonl"
   python3 - "$OUT/best-adapter.safetensors" <<'PY' || true
 import shutil, sys
-from core.engine import load_model
+from core.models import load_model
 from core.engine.adapters.store import promise, stored
 t = load_model("smollm2-135m")
 meta, path = max(stored(t), key=lambda mp: promise(t, mp[0])[1])

@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.engine import Engine, GenerationParams, load_model
+from core.engine import Engine, GenerationParams
 from core.engine.benchmark import load_job
+from core.models import load_model
 
 
 def acceptance(results) -> float | None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from core.engine import Engine, GenerationParams, draft_length, load_model
+from core.engine import Engine, GenerationParams, draft_length
 from core.engine.benchmark import format_phases, load_job, step_phases
+from core.models import load_model
 
 
 def _plain_only(self, *args, **kwargs) -> None:

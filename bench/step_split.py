@@ -34,9 +34,10 @@ import traceback
 import mlx.core as mx
 import oracle
 
-from core.engine import Engine, GenerationParams, generate, load_model
+from core.engine import Engine, GenerationParams, generate
 from core.engine.benchmark import load_job
 from core.engine.drafters.feature_head import FeatureHeadDrafter
+from core.models import load_model
 
 
 def main() -> None:

@@ -86,7 +86,7 @@ def start_item(
 def error_of(started: Started, e: BaseException) -> dict[str, str]:
     """The per-item error record of a failure while preparing or running it."""
     from core.engine.memory import RequestTooLarge  # here: importing worker code loads no MLX
-    from core.engine.model import ModelError
+    from core.models.model import ModelError
 
     code = (
         "model_error"

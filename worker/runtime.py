@@ -96,7 +96,7 @@ class Runtime:
     def model(self, spec: str):
         """The process's copy of a model's weights, loaded on first use."""
         if spec not in self._models:
-            from core.engine import load_model
+            from core.models import load_model
 
             self._models[spec] = load_model(spec)
         return self._models[spec]

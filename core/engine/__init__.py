@@ -2,8 +2,6 @@
 
 from .costs import CostSurface, load_or_measure, measure_surface
 from .generate import Batch, Engine, GenerationResult, parse_draft_spec
-from .loading import load_model
-from .model import LoadedModel, ModelError
 from .sampling import GenerationParams
 
 __all__ = [
@@ -12,9 +10,6 @@ __all__ = [
     "Engine",
     "GenerationParams",
     "GenerationResult",
-    "LoadedModel",
-    "ModelError",
-    "load_model",
     "load_or_measure",
     "measure_surface",
     "parse_draft_spec",

@@ -40,10 +40,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from core.models import LoadedModel
+
 from . import generate
 from .costs import format_surface
 from .generate import Engine
-from .model import LoadedModel
 from .roofline import device_peaks, shares
 from .sampling import GenerationParams
 

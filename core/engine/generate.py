@@ -32,6 +32,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
 
+from core.models import LoadedModel, load_model
+
 from . import drafters as registry
 from .acceptance import walk
 from .cache import LANE_FROM, BatchKVCache
@@ -55,7 +57,6 @@ from .drafters.base import Draft, Drafter
 from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.suffix import Corpora
 from .grammar import apply_masks, compile_format, segment_masks
-from .loading import load_model
 from .memory import (
     RequestTooLarge,
     bytes_per_position,
@@ -64,7 +65,6 @@ from .memory import (
     row_positions,
 )
 from .metrics import RequestMetrics
-from .model import LoadedModel
 from .resident import Launched, ResidentLoop
 from .sampling import GenerationParams, adjust, choose, row_seed, token_logprobs
 from .scorer import Segment, check_supported, forward, merge_widths

@@ -1,7 +1,8 @@
 import pytest
 
-from core.engine import CostSurface, LoadedModel
-from core.engine.tiny import byte_tokenizer, tiny_model
+from core.engine import CostSurface
+from core.models import LoadedModel
+from core.models.tiny import byte_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="session")

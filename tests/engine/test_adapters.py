@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.adapters import (
     AdapterError,
     TrainConfig,
@@ -30,7 +30,8 @@ from core.engine.adapters.block import draft_hidden, prefix_hidden, target_size,
 from core.engine.adapters.store import adapters_dir, promise
 from core.engine.draft_length import best_length, expected_tokens
 from core.engine.scorer import head
-from core.engine.tiny import tiny_model
+from core.models import LoadedModel
+from core.models.tiny import tiny_model
 from tests.engine.conftest import store_adapter
 
 FLAT = CostSurface.flat()
@@ -242,8 +243,8 @@ def test_an_adapter_serves_and_learns_on_a_model_kept_quantized(make_tiny):
     (online learning)."""
     import mlx.nn as nn
 
-    from core.engine.model import LoadedModel
-    from core.engine.tiny import tiny_model
+    from core.models.model import LoadedModel
+    from core.models.tiny import tiny_model
 
     target = make_tiny(0)
     path = store_adapter(target, 2)

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from api.cli import cli
 from core.engine import CostSurface
 from core.engine.benchmark import JobFileError, format_table, load_job, run_bench
-from core.engine.tiny import load_tiny
+from core.models.tiny import load_tiny
 
 JOB = [
     {

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.cache import LANE_FROM
 from core.engine.memory import RequestTooLarge, bytes_per_position, kv_bytes, row_positions
+from core.models import LoadedModel
 from tests.engine.conftest import SMALL_VOCAB, store_adapter, store_head
 
 PROMPTS = [
@@ -484,7 +485,7 @@ def test_prefill_peak_memory_grows_with_the_prompt_by_little_more_than_its_kv(to
     8 slots: beyond 4k it grows by the row's KV and the chunk's mask per position, not by a
     chunk x context score tensor or every slot's cache."""
     from core.engine import cpu_math
-    from core.engine.tiny import tiny_model
+    from core.models.tiny import tiny_model
 
     target = LoadedModel("tiny-long", tiny_model(3), tokenizer, 1 << 15)
     per = bytes_per_position(target.model)

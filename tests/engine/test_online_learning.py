@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.adapters import AdapterError, new_adapter
 from core.engine.adapters.head import new_head_adapter
 from core.engine.adapters.online import OnlineLearner
 from core.engine.resident import ResidentLoop
-from core.engine.tiny import tiny_model
+from core.models import LoadedModel
+from core.models.tiny import tiny_model
 
 FLAT = CostSurface.flat()
 WORDS = ["red", "blue", "green", "big", "small", "old", "new", "fast"]

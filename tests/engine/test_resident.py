@@ -9,9 +9,10 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel, generate
+from core.engine import CostSurface, Engine, GenerationParams, generate
 from core.engine.draft_length import StepModes
 from core.engine.generate import Batch
+from core.models import LoadedModel
 from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..model import LoadedModel
+from core.models import LoadedModel
+
 from .block import new_adapter, target_size, weight_share
 from .data import answer, answer_cached, coverage, features, features_cached, split, top_tokens
 from .head import head_examples, new_head_adapter, train_head

@@ -19,7 +19,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..model import LoadedModel
+from core.models import LoadedModel
+
 from ..sampling import GenerationParams
 from .block import prefix_hidden
 
