@@ -24,10 +24,16 @@ def load_engine(model: str, draft: str, k: int | None, learn: float = 0.0, **kw)
     what it does on stderr."""
     from core.engine import Engine
     from core.models import ModelError
+    from core.training.online import learner_factory
 
     try:
         return Engine.load(
-            model, draft=draft, k=k, learn=learn, progress=lambda s: click.echo(s, err=True), **kw
+            model,
+            draft=draft,
+            k=k,
+            learner=learner_factory(learn),
+            progress=lambda s: click.echo(s, err=True),
+            **kw,
         )
     except (ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e

@@ -1,4 +1,4 @@
-"""Held-out agreement of the EAGLE-style feature head (core/engine/adapters/head.py) on a
+"""Held-out agreement of the EAGLE-style feature head (core/engine/adapters/head.py, trained by core/training/head.py) on a
 workload, with its learning curve: the first draft token after a verify step (the head reads
 the target's state) and the second (it reads its own predicted state).
 
@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 from core.engine.adapters.block import target_size
-from core.engine.adapters.data import answer, answer_cached, features, features_cached, split
-from core.engine.adapters.head import head_examples, new_head, size, train_head
+from core.engine.adapters.head import new_head, size
 from core.engine.adapters.store import model_key
 from core.engine.benchmark import load_job
 from core.models import load_model
+from core.training.data import answer, answer_cached, features, features_cached, split
+from core.training.head import head_examples, train_head
 
 
 def main() -> None:

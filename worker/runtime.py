@@ -107,6 +107,7 @@ class Runtime:
         if key not in self._engines:
             from core.engine import Engine
             from core.engine import drafters as registry
+            from core.training.online import learner_factory
 
             entry, arg = registry.parse(draft)
             draft_model = self.model(arg) if entry.name == "draft-model" else None
@@ -116,7 +117,7 @@ class Runtime:
                 k=k,
                 draft_model=draft_model,
                 batch_size=self.batch_size,
-                learn=self.learn_share,
+                learner=learner_factory(self.learn_share),
                 max_kv_bytes=self.kv_budget,
                 progress=log.info,  # one-time setup (the verify costs) says what it does
             )

@@ -57,6 +57,7 @@ from .drafters.base import Draft, Drafter
 from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.suffix import Corpora
 from .grammar import apply_masks, compile_format, segment_masks
+from .learner import Learner, LearnerFactory
 from .memory import (
     RequestTooLarge,
     bytes_per_position,
@@ -160,11 +161,12 @@ class Engine:
             except in a batch whose one drafter is the head running the loop: there the
             trials chose plain steps that lost (at 49 rows on an H100 the loop ran 1.23x
             plain alone, 1.02x under the step modes).
-        learn: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), the
-            share of wall time its online learning may take (adapters/online.py): it trains
-            on the rows this engine finishes and swaps in versions that agree more on a
-            held-out slice of them. With `adapter:L` and none stored it starts untrained.
-            0 = no online learning.
+        learner: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), builds
+            its online learner from (target model, serving adapter) (learner.py; e.g.
+            core/training/online.py's `learner_factory(share)`): it trains on the rows this
+            engine finishes and swaps in versions that agree more on a held-out slice of
+            them. With `adapter:L` and none stored it starts untrained. None = no online
+            learning.
         clock: the seconds the step modes time each kind of step by (wall time; a test
             passes a clock of its own so that the choice does not depend on the machine).
         runs_ahead: whether the device runs a queued forward while the host goes on (a
@@ -204,14 +206,12 @@ class Engine:
         share_prefixes: bool = True,
         step_modes: bool | None = None,
         progress: Callable[[str], None] = lambda s: None,
-        learn: float = 0.0,
+        learner: LearnerFactory | None = None,
         resident: bool | None = None,
         clock: Callable[[], float] = time.perf_counter,
         runs_ahead: bool | None = None,
     ):
         entry, arg = registry.parse(draft)
-        if not 0 <= learn <= 1:
-            raise ValueError(f"the learning share must be between 0 and 1, got {learn}")
         if k is not None and k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         if batch_size is not None and batch_size < 1:
@@ -223,13 +223,15 @@ class Engine:
                 raise ValueError(f"early-exit layer must be between 1 and {n - 1}, got {arg}")
         # A stored self-drafter (`adapter`; `auto` when one is stored), loaded once.
         self.adapter = registry.stored_adapter(
-            target, entry.name, arg, learn > 0, lambda: _verify_cost(target, surface, batch_size)
+            target,
+            entry.name,
+            arg,
+            learner is not None,
+            lambda: _verify_cost(target, surface, batch_size),
         )
-        self.learner = None
-        if self.adapter is not None and learn > 0:
-            from .adapters.online import OnlineLearner
-
-            self.learner = OnlineLearner(target.model, self.adapter, share=learn)
+        self.learner: Learner | None = None
+        if self.adapter is not None and learner is not None:
+            self.learner = learner(target.model, self.adapter)
         if entry.name == "draft-model" and draft_model is None:
             draft_model = load_model(arg)
         if draft_model is not None:

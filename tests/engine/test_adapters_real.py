@@ -5,11 +5,13 @@ it reproduces plain greedy token for token."""
 import pytest
 
 from core.engine import CostSurface, Engine, GenerationParams
-from core.engine.adapters import TrainConfig, answer, evaluate, features, new_adapter, save, train
+from core.engine.adapters import new_adapter, save
 from core.engine.adapters.block import target_size
 from core.engine.adapters.head import new_head
 from core.engine.adapters.head import size as head_size
 from core.models import load_model
+from core.training.adapter import TrainConfig, evaluate, train
+from core.training.data import answer, features
 
 pytestmark = pytest.mark.real_model
 

@@ -11,6 +11,7 @@ from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.cache import LANE_FROM
 from core.engine.memory import RequestTooLarge, bytes_per_position, kv_bytes, row_positions
 from core.models import LoadedModel
+from core.training.online import learner_factory
 from tests.engine.conftest import SMALL_VOCAB, store_adapter, store_head
 
 PROMPTS = [
@@ -192,7 +193,9 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
     prompts = [[1, 2, 3, 4], [5, 0, 1], [2, 2, 2, 2, 2]]
     if drafter.endswith("+learn"):
         drafter = drafter.removesuffix("+learn")
-        extra = {"learn": 1.0}  # a unit of learning every step: the same swaps on any machine
+        extra = {
+            "learner": learner_factory(1.0)
+        }  # a unit of learning every step: the same swaps on any machine
     if drafter.startswith("adapter"):
         store_adapter(target, int(drafter.split(":")[1]), prompts=[[0, 1, 2], [3, 4, 5, 1]])
     if drafter.startswith("head"):
@@ -213,7 +216,7 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
     for i in range(len(prompts)):
         stat, bound = chi_square_ok(counts[i].ravel(), exact[i].ravel(), runs)
         assert stat < bound, (drafter, i, stat, bound)
-    if "learn" in extra:
+    if "learner" in extra:
         assert eng.learner.version >= 1  # a version was swapped in meanwhile
 
 
