@@ -131,7 +131,7 @@ def bench(
     """
     import mlx.core as mx
 
-    from core.engine.benchmark import JobFileError, format_table, load_job, run_bench
+    from core.benchmark import JobFileError, format_table, load_job, run_bench
     from core.models import ModelError, load_model
 
     wanted = {r.strip() for r in rows.split(",") if r.strip()}

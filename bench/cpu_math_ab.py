@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams, cpu_math
-from core.engine.benchmark import load_job
 from core.models import load_model
 
 

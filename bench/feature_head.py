@@ -14,10 +14,10 @@ import json
 import time
 from pathlib import Path
 
+from core.benchmark import load_job
 from core.engine.adapters.block import target_size
 from core.engine.adapters.head import new_head, size
 from core.engine.adapters.store import model_key
-from core.engine.benchmark import load_job
 from core.models import load_model
 from core.training.data import answer, answer_cached, features, features_cached, split
 from core.training.head import head_examples, train_head

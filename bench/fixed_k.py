@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams
-from core.engine.benchmark import load_job
 from core.models import load_model
 
 

@@ -11,8 +11,8 @@ import argparse
 import time
 
 import core.engine.generate as generate
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams
-from core.engine.benchmark import load_job
 from core.engine.draft_length import GATE_COST
 from core.models import load_model
 

@@ -23,8 +23,8 @@ import traceback
 
 import mlx.core as mx
 
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams
-from core.engine.benchmark import load_job
 from core.models import load_model
 
 

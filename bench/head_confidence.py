@@ -16,8 +16,8 @@ import argparse
 import numpy as np
 
 import core.engine.generate as generate
+from core.benchmark import load_job
 from core.engine import CostSurface, Engine, GenerationParams
-from core.engine.benchmark import load_job
 from core.engine.costs import load_kept
 from core.engine.draft_length import Offer, allocate
 from core.engine.drafters.feature_head import FeatureHeadDrafter

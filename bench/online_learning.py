@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams
-from core.engine.benchmark import load_job
 from core.models import load_model
 from core.training.online import learner_factory
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.benchmark import load_job  # noqa: E402
 from core.engine import Engine, GenerationParams  # noqa: E402
-from core.engine.benchmark import load_job  # noqa: E402
 from core.models import load_model  # noqa: E402
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from core.benchmark import format_phases, load_job, step_phases
 from core.engine import Engine, GenerationParams, draft_length
-from core.engine.benchmark import format_phases, load_job, step_phases
 from core.models import load_model
 
 

@@ -15,8 +15,8 @@ import io
 import pstats
 import time
 
+from core.benchmark import format_phases, load_job, step_phases
 from core.engine import Engine, GenerationParams
-from core.engine.benchmark import format_phases, load_job, step_phases
 from core.models import load_model
 
 

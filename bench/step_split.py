@@ -34,8 +34,8 @@ import traceback
 import mlx.core as mx
 import oracle
 
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams, generate
-from core.engine.benchmark import load_job
 from core.engine.drafters.feature_head import FeatureHeadDrafter
 from core.models import load_model
 
@@ -127,7 +127,7 @@ def _same(target, reqs, want, got) -> str:
     """How many rows' output equals the first configuration's; where one differs, the
     reference's top-two logit gap at the first difference (batched matmuls round by batch
     shape: a near-tie may go either way, `benchmark.GAP_BUG`)."""
-    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.benchmark import GAP_BUG, first_difference, top_gap
 
     same, gaps = 0, []
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):

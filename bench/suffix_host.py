@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from core.benchmark import load_job
 from core.engine import Engine, GenerationParams
-from core.engine.benchmark import load_job
 from core.engine.drafters import suffix
 from core.models import load_model
 

@@ -64,7 +64,7 @@ def test_the_heads_resident_loop_is_lossless_on_the_real_model(smollm2, tmp_path
     first at a near-tie of it (batched matmuls round by batch shape)."""
     import json
 
-    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.benchmark import GAP_BUG, first_difference, top_gap
     from core.engine.costs import surface_path
     from tests.engine.conftest import store_head
 

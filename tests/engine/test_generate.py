@@ -92,7 +92,7 @@ def test_batched_speculative_greedy_equals_each_row_alone(seed, drafter, make_ti
 def _first_gaps(target, reqs, want, got) -> list:
     """Per differing row: where it first differs and the reference's top-1 minus top-2 logit
     there (a failure's evidence: a tie in the tiny random model, or a bug)."""
-    from core.engine.benchmark import first_difference, top_gap
+    from core.benchmark import first_difference, top_gap
 
     out = []
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):

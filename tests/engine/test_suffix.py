@@ -311,7 +311,7 @@ def _labeling_job(model: LoadedModel, n: int):
 
 @pytest.mark.real_model
 def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
-    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.benchmark import GAP_BUG, first_difference, top_gap
     from core.models import load_model
 
     model = load_model("smollm2-135m")
