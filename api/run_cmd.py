@@ -104,8 +104,9 @@ def run_cmd(
     from core.store import repo
     from core.store.database import StoreGone
     from core.store.models import JOB_DONE
+    from worker.hooks import item_hook
     from worker.owner import owner_is_dead, worker_name
-    from worker.process import crash_hook, start_item, store_error, store_result
+    from worker.process import start_item, store_error, store_result
 
     settings = Settings.from_env()
     model = settings.resolve_model(model)
@@ -253,7 +254,7 @@ def run_cmd(
                         "done",
                         store_result(s, r.tag, r, "local", (joules, energy.source)),
                     )
-                if hook := crash_hook(r.tag.custom_id):  # tests only: die with items running
+                if hook := item_hook(r.tag.custom_id):  # none in production (worker/hooks.py)
                     hook()
                 flush()
         except StoreGone as e:

@@ -42,7 +42,7 @@ class Work:
             engine thread, which alone imports MLX).
         done: called once, from the engine thread, with (work, result, error).
         isolate: run it alone (an item that was running when its worker died).
-        on_admit: called when its row joins the batch (a test hook crashes here).
+        on_admit: called when its row joins the batch (worker/hooks.py: none in production).
         tag: the caller's handle.
         id: what `cancel` names it by (an item id).
         job: its job: rows of one job share a suffix index of the job's answers.
