@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from tests.support import hooked_cli
 from tests.worker.service import ROOT
