@@ -1,6 +1,7 @@
-"""Held-out agreement of the EAGLE-style feature head (core/engine/adapters/head.py, trained by core/training/head.py) on a
-workload, with its learning curve: the first draft token after a verify step (the head reads
-the target's state) and the second (it reads its own predicted state).
+"""Held-out agreement of the EAGLE-style feature head (core/engine/adapters/head.py, trained
+by core/training/head.py) on a workload, with its learning curve: the first draft token after
+a verify step (the head reads the target's state) and the second (it reads its own predicted
+state).
 
     python bench/feature_head.py --data examples/jobs/open-256.jsonl --samples 4 --tokens 100000 \
         --answers /tmp/open-256.answers.json -o bench/results/cpu-feature-head-open-256.json

@@ -1,4 +1,4 @@
-"""Online learning of the self-drafter (adapters/online.py: an early-exit adapter or the
+"""Online learning of the self-drafter (core/training/online.py: an early-exit adapter or the
 feature head) on tiny float32 models: output stays plain greedy while versions are swapped
 in, later rows of a repetitive job accept more than its first rows, a worse version is never
 swapped in, and learning keeps to its share of the time."""
