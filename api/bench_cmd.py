@@ -131,8 +131,8 @@ def bench(
     """
     import mlx.core as mx
 
-    from core.engine import ModelError, load_model
-    from core.engine.benchmark import JobFileError, format_table, load_job, run_bench
+    from core.benchmark import JobFileError, format_table, load_job, run_bench
+    from core.models import ModelError, load_model
 
     wanted = {r.strip() for r in rows.split(",") if r.strip()}
     if not wanted or wanted - set(ROWS):

@@ -133,11 +133,11 @@ def calibrate_cmd(
         applespec calibrate --data examples/jobs/open-256.jsonl --exit-layer 6 --tokens 60000
         applespec calibrate --data examples/jobs/open-256.jsonl --exit-layer 6,head
     """
-    from core.engine import ModelError, load_model
-    from core.engine.adapters.calibration import calibrate
-    from core.engine.adapters.training import TrainConfig
     from core.jobs import generation_params, prompt_tokens
+    from core.models import ModelError, load_model
     from core.settings import Settings
+    from core.training.adapter import TrainConfig
+    from core.training.calibration import calibrate
 
     settings = Settings.from_env()
     model = settings.resolve_model(model)

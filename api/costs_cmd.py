@@ -24,13 +24,13 @@ def costs_cmd(model, measure):
     APPLESPEC_HOME. If that first use ran while other work loaded the machine, its prices are
     off for good: `--measure` replaces it.
     """
-    from core.engine import ModelError, load_model
     from core.engine.costs import (
         format_surface,
         load_kept,
         measure_and_keep,
         surface_path,
     )
+    from core.models import ModelError, load_model
 
     try:
         target = load_model(model)

@@ -27,7 +27,7 @@ def models(ctx: click.Context, as_json: bool, verbose: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from core.engine.registry import REGISTRY, install_hint, model_dir, model_path
+    from core.models.registry import REGISTRY, install_hint, model_dir, model_path
 
     rows = []
     for entry in REGISTRY.values():
@@ -70,8 +70,8 @@ def pull_cmd(name: str, force: bool) -> None:
     Example:
         applespec models pull qwen2.5-coder-1.5b
     """
-    from core.engine.model import ModelError
-    from core.engine.registry import REGISTRY, install_hint, model_path, part_files, pull
+    from core.models.model import ModelError
+    from core.models.registry import REGISTRY, install_hint, model_path, part_files, pull
 
     entry = REGISTRY.get(name)
     if entry is None:

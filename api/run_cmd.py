@@ -22,11 +22,18 @@ def load_engine(model: str, draft: str, k: int | None, learn: float = 0.0, **kw)
     """Engine.load with a model the user got wrong as a one-line error; `learn`: the
     self-drafter's online learning share (APPLESPEC_LEARN_SHARE). One-time setup says
     what it does on stderr."""
-    from core.engine import Engine, ModelError
+    from core.engine import Engine
+    from core.models import ModelError
+    from core.training.online import learner_factory
 
     try:
         return Engine.load(
-            model, draft=draft, k=k, learn=learn, progress=lambda s: click.echo(s, err=True), **kw
+            model,
+            draft=draft,
+            k=k,
+            learner=learner_factory(learn),
+            progress=lambda s: click.echo(s, err=True),
+            **kw,
         )
     except (ModelError, ValueError) as e:
         raise click.ClickException(str(e)) from e
@@ -97,8 +104,9 @@ def run_cmd(
     from core.store import repo
     from core.store.database import StoreGone
     from core.store.models import JOB_DONE
+    from worker.hooks import item_hook
     from worker.owner import owner_is_dead, worker_name
-    from worker.process import crash_hook, start_item, store_error, store_result
+    from worker.process import start_item, store_error, store_result
 
     settings = Settings.from_env()
     model = settings.resolve_model(model)
@@ -245,7 +253,7 @@ def run_cmd(
                         "done",
                         store_result(s, r.tag, r, "local", (joules, energy.source)),
                     )
-                if hook := crash_hook(r.tag.custom_id):  # tests only: die with items running
+                if hook := item_hook(r.tag.custom_id):  # none in production (worker/hooks.py)
                     hook()
                 flush()
         except StoreGone as e:

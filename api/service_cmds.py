@@ -74,7 +74,7 @@ def submit_cmd(
         applespec wait "$(applespec submit job.jsonl | tail -1)"
     """
     from api.client import BrokerUnavailable, submit_lines
-    from core.engine import ModelError
+    from core.models import ModelError
 
     settings = Settings.from_env()
     lines = read_job_file(input_file, settings)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 
 from core.engine.cache import BatchKVCache  # noqa: E402
-from core.engine.loading import load_model  # noqa: E402
 from core.engine.scorer import Segment, forward  # noqa: E402
+from core.models.loading import load_model  # noqa: E402
 
 
 def _ms(fn) -> float:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from core.engine import Engine, GenerationParams, cpu_math, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import Engine, GenerationParams, cpu_math
+from core.models import load_model
 
 
 def main() -> None:

@@ -22,8 +22,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--input", default="examples/jobs/grounded-64.jsonl")
     a = ap.parse_args()
-    from core.engine import Engine, GenerationParams, load_model
-    from core.engine.benchmark import load_job
+    from core.benchmark import load_job
+    from core.engine import Engine, GenerationParams
+    from core.models import load_model
 
     target = load_model(a.model)
     items = load_job(target, a.input, None)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import Engine, GenerationParams
 from core.engine.draft_length import GATE_COST
+from core.models import load_model
 
 OFF = float("inf")  # no draft token costs that much: the gate is never asked
 

@@ -128,7 +128,7 @@ ROWS = 64
 
 
 def tokenizer():
-    from core.engine.loading import load_tokenizer
+    from core.models.loading import load_tokenizer
 
     tok, _ = load_tokenizer("smollm2-135m")
     return tok
@@ -182,7 +182,7 @@ class OutlinesCore:
         import outlines_core
         from outlines_core.json_schema import build_regex_from_schema
 
-        from core.engine.tiny import _bytes_to_unicode
+        from core.models.tiny import _bytes_to_unicode
 
         self.oc, self.regex = outlines_core, build_regex_from_schema
         back = {c: b for b, c in _bytes_to_unicode().items()}

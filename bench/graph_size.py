@@ -23,8 +23,9 @@ import traceback
 
 import mlx.core as mx
 
-from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import Engine, GenerationParams
+from core.models import load_model
 
 
 def main() -> None:

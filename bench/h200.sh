@@ -33,7 +33,7 @@ store_adapter() {
   python3 - "$1" <<'PY'
 import shutil, sys
 from pathlib import Path
-from core.engine import load_model
+from core.models import load_model
 from core.engine.adapters.store import adapters_dir, load, model_key, read_meta
 t = load_model("smollm2-135m")
 dst = adapters_dir() / model_key(t) / Path(sys.argv[1]).name
@@ -64,7 +64,7 @@ KEPT=bench/results/${GPU:-gpu}-cost-surface-smollm2.json
 if [ "${SURFACE:-}" != measure ] && [ -f "$KEPT" ]; then
   python3 - "$KEPT" <<'PY'
 import pathlib, sys
-from core.engine import load_model
+from core.models import load_model
 from core.engine.costs import surface_path
 t = load_model("smollm2-135m")
 path = surface_path(t.model, t.weight_format)

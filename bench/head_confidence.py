@@ -15,11 +15,12 @@ import argparse
 
 import numpy as np
 
-from core.engine import CostSurface, Engine, GenerationParams, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.costs import load_kept
 from core.engine.draft_length import Offer, allocate
 from core.engine.drafters.feature_head import FeatureHeadDrafter
+from core.models import load_model
 
 
 def main() -> None:

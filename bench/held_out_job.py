@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from core.engine.adapters.data import split
 from core.jobs import iter_job_file, prompt_tokens, tokenizer_target, validate_for
+from core.training.data import split
 
 
 def main() -> None:

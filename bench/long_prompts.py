@@ -42,7 +42,7 @@ def write_mixed_job(path: str, model: str, short_job: str, lengths: list[int]) -
     """A job of one summary request per length in `lengths` (each a different slice of the
     licence texts) followed by the short job's lines, to fill 64 rows: what a labeling farm
     meets when a few long documents come among short prompts."""
-    from core.engine.loading import load_tokenizer
+    from core.models.loading import load_tokenizer
 
     tokenizer, _ = load_tokenizer(model)
     text = "\n\n".join((LICENSES / t).read_text(errors="replace") for t in TEXTS)
@@ -69,7 +69,7 @@ def run_one(system: str, model: str, tokens: int, max_tokens: int) -> dict:
     """Load the model, build the prompt, generate greedily; TTFT, output and peak RSS."""
     import mlx.core as mx
 
-    from core.engine.loading import load_model
+    from core.models.loading import load_model
 
     target = load_model(model)
     prompt = target.encode_chat(document(target.tokenizer, tokens))

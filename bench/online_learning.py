@@ -1,4 +1,4 @@
-"""A job whose self-drafter learns while it runs (core/engine/adapters/online.py): acceptance
+"""A job whose self-drafter learns while it runs (core/training/online.py): acceptance
 of its first and last items, the curve against each item's place in the finish order, the
 versions swapped in and the share of the wall time spent learning.
 
@@ -22,8 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import Engine, GenerationParams
+from core.models import load_model
+from core.training.online import learner_factory
 
 
 def acceptance(results) -> float | None:
@@ -58,7 +60,7 @@ def main() -> None:
         k=args.k,
         batch_size=args.batch_size,
         step_modes=False,
-        learn=args.share,
+        learner=learner_factory(args.share),
     )
     done = []
     t0 = time.perf_counter()

@@ -16,9 +16,10 @@ import pstats
 import time
 from contextlib import nullcontext
 
-from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import format_phases, load_job
+from core.benchmark import format_phases, load_job
+from core.engine import Engine, GenerationParams
 from core.engine.observer import PhaseTotals
+from core.models import load_model
 
 
 def main() -> None:

@@ -11,9 +11,9 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from core.engine import load_model
 from core.engine.cache import BatchKVCache
 from core.engine.scorer import Segment, forward
+from core.models import load_model
 
 m = load_model("smollm2-135m").model
 b, ctx = 64, 160

@@ -30,8 +30,9 @@ import time
 
 import oracle
 
-from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import Engine, GenerationParams
+from core.models import load_model
 
 
 class Steps:
@@ -104,7 +105,7 @@ def _same(target, reqs, want, got) -> str:
     """How many rows' output equals the first configuration's; where one differs, the
     reference's top-two logit gap at the first difference (batched matmuls round by batch
     shape: a near-tie may go either way, `benchmark.GAP_BUG`)."""
-    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.benchmark import GAP_BUG, first_difference, top_gap
 
     same, gaps = 0, []
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):

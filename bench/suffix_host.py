@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from core.engine import Engine, GenerationParams, load_model
-from core.engine.benchmark import load_job
+from core.benchmark import load_job
+from core.engine import Engine, GenerationParams
 from core.engine.drafters import suffix
+from core.models import load_model
 
 
 def load_other(path: str):

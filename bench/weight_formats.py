@@ -22,9 +22,9 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 from core.engine import Engine  # noqa: E402
 from core.engine.costs import measure_surface  # noqa: E402
-from core.engine.loading import load_gguf  # noqa: E402
-from core.engine.registry import REGISTRY, model_path  # noqa: E402
 from core.engine.sampling import GenerationParams  # noqa: E402
+from core.models.loading import load_gguf  # noqa: E402
+from core.models.registry import REGISTRY, model_path  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a Python function that merges two sorted lists."}]
 

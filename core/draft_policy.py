@@ -28,7 +28,7 @@ def resolve_draft(spec: str, settings: Settings) -> str:
         DraftNotAllowed: an unknown drafter, a path, or a name nobody configured.
     """
     from core.engine import parse_draft_spec
-    from core.engine.registry import REGISTRY
+    from core.models.registry import REGISTRY
 
     try:
         kind, arg = parse_draft_spec(spec)

@@ -937,8 +937,8 @@ def tokenizer_target(spec: str) -> Any:
     Raises:
         ModelError: the model's files cannot be found or read.
     """
-    from core.engine.loading import load_tokenizer
-    from core.engine.model import LoadedModel
+    from core.models.loading import load_tokenizer
+    from core.models.model import LoadedModel
 
     tokenizer, context_length = load_tokenizer(spec)
     return LoadedModel(

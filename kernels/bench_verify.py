@@ -14,7 +14,8 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from .verify import VerifyResult, draw_uniforms, verify
+from .tree import VerifyResult
+from .verify import draw_uniforms, verify
 
 FIELDS = ("choice", "child", "accepted", "path", "num_accepted", "next_token")
 

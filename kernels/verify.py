@@ -2,7 +2,8 @@
 
 One operation, three implementations with one signature (mlx-lm's `gated_delta.py` pattern):
 `verify_ops` (pure MLX, runs everywhere; the reference), `verify_cuda` (kernels/verify_cuda.py)
-and `verify_metal` (kernels/verify_metal.py). `verify` picks one.
+and `verify_metal` (kernels/verify_metal.py). `verify` picks one. The tree they take and the
+record they return are kernels/tree.py's; the GPU backends share kernels/launch.py.
 
 A chain is the tree with `parents = [-1, 0, 1, ...]`. Node 0 is the root (the last committed
 token; its own token is not verified). `logits[:, c]` is the target's prediction after node `c`.
@@ -31,93 +32,10 @@ state in fixed shared memory); never trying a candidate keeps the result lossles
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mlx.core as mx
 import numpy as np
 
-MAX_SIBLINGS = 64
-PAD = -2  # the parent of a padding node (rows of a batch with fewer nodes)
-
-
-@dataclass
-class VerifyResult:
-    """What the target kept of a token tree.
-
-    Attributes:
-        choice: (B, N) int32 token the target puts after node c if the walk reaches c
-            (its accepted child's token, else argmax / the residual sample).
-        child: (B, N) int32 accepted child of node c, -1 when none (or c is a leaf).
-        accepted: (B, N) bool node on the accepted path (the root always is).
-        path: (B, N) int32 accepted node indices from the root (path[:, 0] == 0), -1 padded.
-        num_accepted: (B,) int32 accepted draft nodes (the root not counted).
-        next_token: (B,) int32 the token after the deepest accepted node (correction or bonus).
-    """
-
-    choice: mx.array  # (B, N)
-    child: mx.array  # (B, N)
-    accepted: mx.array  # (B, N)
-    path: mx.array  # (B, N)
-    num_accepted: mx.array  # (B,)
-    next_token: mx.array  # (B,)
-
-
-def check_parents(parents) -> np.ndarray:
-    """`parents` as an int32 numpy array, (N,) or (B, N), after checking each row is a tree
-    in topological order followed by padding.
-
-    Raises:
-        ValueError: when a row's parents[0] != -1, some parents[j] is not in [0, j), or a
-            real node follows padding.
-    """
-    p = np.asarray(parents, dtype=np.int64)
-    rows = p.reshape(-1, p.shape[-1]) if p.ndim else p.reshape(1, -1)
-    if rows.shape[1] == 0 or (rows[:, 0] != -1).any():
-        raise ValueError("parents[0] must be -1 (node 0 is the root)")
-    j = np.arange(rows.shape[1])
-    pad = rows == PAD
-    after_pad = np.cumsum(pad, axis=1) > 0
-    bad = ~pad & ((rows < 0) | (rows >= j)) & (j > 0) | (after_pad & ~pad)
-    if bad.any():
-        b, k = np.argwhere(bad)[0]
-        where = f"parents[{b}, {k}]" if p.ndim > 1 else f"parents[{k}]"
-        raise ValueError(f"{where} = {int(rows[b, k])}: every node's parent must come before it")
-    return p.astype(np.int32)
-
-
-def _per_row(parents, batch: int) -> np.ndarray:
-    """(B, N) parents: a shared (N,) tree repeated for every row."""
-    p = check_parents(parents)
-    return np.broadcast_to(p, (batch, p.shape[-1])) if p.ndim == 1 else p
-
-
-def children_table(parents) -> np.ndarray:
-    """(..., N, K) int32: the first `MAX_SIBLINGS` children of each node in index order,
-    -1 padded; `parents` (N,) or (B, N)."""
-    p = check_parents(parents)
-    rows = p.reshape(-1, p.shape[-1])
-    kids = [[[] for _ in range(rows.shape[1])] for _ in rows]
-    for b, row in enumerate(rows):
-        for j in range(1, row.size):
-            if row[j] >= 0 and len(kids[b][row[j]]) < MAX_SIBLINGS:
-                kids[b][row[j]].append(j)
-    k = max(1, max(len(c) for r in kids for c in r))
-    table = np.full((rows.shape[0], rows.shape[1], k), -1, dtype=np.int32)
-    for b, r in enumerate(kids):
-        for i, c in enumerate(r):
-            table[b, i, : len(c)] = c
-    return table.reshape(*p.shape, k)
-
-
-def tree_depths(parents) -> np.ndarray:
-    """(..., N) int32 depth of each node (the root and padding are 0)."""
-    p = check_parents(parents)
-    rows = p.reshape(-1, p.shape[-1])
-    d = np.zeros(rows.shape, dtype=np.int32)
-    for j in range(1, rows.shape[1]):
-        real = rows[:, j] >= 0
-        d[real, j] = d[real, rows[real, j]] + 1
-    return d.reshape(p.shape)
+from .tree import PAD, VerifyResult, children_table, per_row, tree_depths
 
 
 def draw_uniforms(batch: int, num_nodes: int, key: mx.array | None = None) -> mx.array:
@@ -147,7 +65,7 @@ def verify_ops(
         greedy: argmax acceptance when True, rejection sampling otherwise.
     """
     B, N, V = logits.shape
-    rows = _per_row(parents, B)
+    rows = per_row(parents, B)
     table = children_table(rows)  # (B, N, K)
     depth = int(tree_depths(rows).max())
     tokens = tokens.astype(mx.int32)
@@ -329,40 +247,3 @@ def choose(
         greedy=uniforms is None,
         backend=backend,
     ).choice
-
-
-def launch(
-    kernels, logits, tokens, parents, draft_probs, uniforms, greedy, threads
-) -> VerifyResult:
-    """Run a GPU backend's (node, walk) kernel pair with `verify_ops`'s arguments.
-
-    The node kernel runs one block of `threads` per (row, node) and writes each node's
-    accepted child and target choice; the walk kernel (one thread per row) follows the
-    accepted children from the root. Both backends share this launch; only their kernel
-    sources differ.
-    """
-    B, N, V = logits.shape
-    parents = mx.array(_per_row(np.asarray(parents), B))  # (B, N): the kernels read per row
-    has_q = draft_probs is not None and not greedy
-    if not greedy and uniforms is None:
-        raise ValueError("sampling verification needs uniforms (see draw_uniforms)")
-    placeholder = mx.zeros((1,), dtype=mx.float32)
-    u = placeholder if greedy else uniforms.astype(mx.float32)
-    q = draft_probs if has_q else placeholder
-    node, walk = kernels
-    child, choice = node(
-        inputs=[logits, tokens.astype(mx.int32), parents.astype(mx.int32), u, q],
-        template=[("GREEDY", bool(greedy)), ("HAS_Q", bool(has_q)), ("MAXS", MAX_SIBLINGS)],
-        grid=(B * N * threads, 1, 1),
-        threadgroup=(threads, 1, 1),
-        output_shapes=[(B, N), (B, N)],
-        output_dtypes=[mx.int32, mx.int32],
-    )
-    path, accepted, num, nxt = walk(
-        inputs=[child, choice],
-        grid=(B, 1, 1),
-        threadgroup=(min(B, 128), 1, 1),
-        output_shapes=[(B, N), (B, N), (B,), (B,)],
-        output_dtypes=[mx.int32, mx.bool_, mx.int32, mx.int32],
-    )
-    return VerifyResult(choice, child, accepted, path, num, nxt)

@@ -14,7 +14,8 @@ from functools import cache
 
 import mlx.core as mx
 
-from .verify import VerifyResult, launch
+from .launch import launch
+from .tree import VerifyResult
 
 THREADS = 256
 

@@ -7,8 +7,8 @@ service side added, and these tests are the service's guarantee.
 
 import pytest
 
-from core.engine.loading import load_gguf, load_model, load_tokenizer
-from core.engine.model import ModelError
+from core.models.loading import load_gguf, load_model, load_tokenizer
+from core.models.model import ModelError
 from tests.engine.tiny_gguf import write_tiny_gguf
 
 MESSAGES = [

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +14,6 @@ from core.store import repo
 from core.store.models import Item
 
 from .owner import owner_is_dead, worker_name  # noqa: F401 - their home before worker.owner
-
-# Test-only: a comma-separated list of custom_ids that make the worker process die
-# (os._exit) when it starts them, to exercise the poison-item cap. Unset in production.
-CRASH_ENV = "APPLESPEC_TEST_CRASH_ON"
-# Test-only: seconds to wait before running each item, to make a chunk slower than the
-# broker's visibility timeout or a shutdown land mid-chunk. Unset in production.
-DELAY_ENV = "APPLESPEC_TEST_ITEM_DELAY"
 
 
 @dataclass
@@ -86,7 +77,7 @@ def start_item(
 def error_of(started: Started, e: BaseException) -> dict[str, str]:
     """The per-item error record of a failure while preparing or running it."""
     from core.engine.memory import RequestTooLarge  # here: importing worker code loads no MLX
-    from core.engine.model import ModelError
+    from core.models.model import ModelError
 
     code = (
         "model_error"
@@ -132,25 +123,3 @@ def store_error(session: Session, started: Started, e: BaseException) -> Outcome
     error = error_of(started, e)
     repo.fail_item(session, started.item_id, **error)
     return Outcome(started.line, started.custom_id, error=error)
-
-
-def crash_hook(custom_id: str) -> Callable[[], None] | None:
-    """Test-only: a callable that kills this process when the item's row starts running
-    (`APPLESPEC_TEST_CRASH_ON`), plus the optional per-item delay; None in production."""
-    crash = os.environ.get(CRASH_ENV)
-    delay = os.environ.get(DELAY_ENV)
-    if not crash and not delay:
-        return None
-
-    def hook() -> None:
-        _maybe_crash(custom_id)
-        if delay:
-            time.sleep(float(delay))
-
-    return hook
-
-
-def _maybe_crash(custom_id: str) -> None:
-    targets = os.environ.get(CRASH_ENV)
-    if targets and custom_id in targets.split(","):
-        os._exit(70)

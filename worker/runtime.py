@@ -42,7 +42,7 @@ class Work:
             engine thread, which alone imports MLX).
         done: called once, from the engine thread, with (work, result, error).
         isolate: run it alone (an item that was running when its worker died).
-        on_admit: called when its row joins the batch (a test hook crashes here).
+        on_admit: called when its row joins the batch (worker/hooks.py: none in production).
         tag: the caller's handle.
         id: what `cancel` names it by (an item id).
         job: its job: rows of one job share a suffix index of the job's answers.
@@ -96,7 +96,7 @@ class Runtime:
     def model(self, spec: str):
         """The process's copy of a model's weights, loaded on first use."""
         if spec not in self._models:
-            from core.engine import load_model
+            from core.models import load_model
 
             self._models[spec] = load_model(spec)
         return self._models[spec]
@@ -107,6 +107,7 @@ class Runtime:
         if key not in self._engines:
             from core.engine import Engine
             from core.engine import drafters as registry
+            from core.training.online import learner_factory
 
             entry, arg = registry.parse(draft)
             draft_model = self.model(arg) if entry.name == "draft-model" else None
@@ -116,7 +117,7 @@ class Runtime:
                 k=k,
                 draft_model=draft_model,
                 batch_size=self.batch_size,
-                learn=self.learn_share,
+                learner=learner_factory(self.learn_share),
                 max_kv_bytes=self.kv_budget,
                 progress=log.info,  # one-time setup (the verify costs) says what it does
             )

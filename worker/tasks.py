@@ -28,9 +28,9 @@ from . import shutdown
 from .app import TASK_NAME
 from .enqueue import hand_back
 from .heartbeat import Heartbeat
+from .hooks import item_hook
 from .process import (
     Started,
-    crash_hook,
     owner_is_dead,
     start_item,
     store_error,
@@ -239,7 +239,7 @@ def run_chunk(
             # to the thread that made them. A bad parameter fails the item alone there.
             params=functools.partial(generation_params, request),
             done=out.done,
-            on_admit=crash_hook(started.custom_id),
+            on_admit=item_hook(started.custom_id),
             tag=started,
             id=started.item_id,
             job=job_id,

@@ -145,7 +145,7 @@ def create_batch(
     request: Request, body: BatchCreate, key_id: str | None = Depends(owner)
 ) -> dict[str, Any]:
     from api.client import BrokerUnavailable, submit_lines
-    from core.engine import ModelError
+    from core.models import ModelError
 
     state = request.app.state
     if body.endpoint not in ENDPOINTS:

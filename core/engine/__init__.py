@@ -4,8 +4,6 @@ from .batch import Batch
 from .config import EngineConfig
 from .costs import CostSurface, load_or_measure, measure_surface
 from .engine import Engine, parse_draft_spec
-from .loading import load_model
-from .model import LoadedModel, ModelError
 from .observer import StepReport
 from .results import GenerationResult
 from .sampling import GenerationParams
@@ -17,9 +15,6 @@ __all__ = [
     "EngineConfig",
     "GenerationParams",
     "GenerationResult",
-    "LoadedModel",
-    "ModelError",
-    "load_model",
     "load_or_measure",
     "measure_surface",
     "parse_draft_spec",

@@ -10,6 +10,8 @@ from dataclasses import replace
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
+from core.models import LoadedModel, load_model
+
 from . import drafters as registry
 from .batch import Batch
 from .config import EngineConfig
@@ -17,9 +19,8 @@ from .costs import CostSurface, load_kept, load_or_measure
 from .draft_length import PRIORS, WARMUP, AcceptanceStats
 from .drafters.base import Drafter
 from .drafters.suffix import Corpora
-from .loading import load_model
+from .learner import Learner, LearnerFactory
 from .memory import kv_budget
-from .model import LoadedModel
 from .observer import StepObserver
 from .results import GenerationResult
 from .sampling import GenerationParams
@@ -58,10 +59,11 @@ class Engine:
         draft_cost: one draft-model step in units of one plain target step at the same
             batch size; None = from both models' measured surfaces.
         progress: receives a line per stage of a surface being measured.
-        learn: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), the
-            share of wall time its online learning may take: it trains on the rows this
+        learner: with a self-drafter in play (`adapter[:L]`, `auto` with a stored one), builds
+            its online learner from (target model, serving adapter) (learner.py; e.g.
+            core/training/online.py's `learner_factory(share)`): it trains on the rows this
             engine finishes and swaps in versions that agree more on a held-out slice of
-            them. With `adapter:L` and none stored it starts untrained. 0 = none.
+            them. With `adapter:L` and none stored it starts untrained. None = no learning.
         clock: the seconds the step modes time each kind of step by (a test passes a
             clock of its own so that the choice does not depend on the machine).
         observers: receive every batch step's report (observer.StepReport).
@@ -113,15 +115,13 @@ class Engine:
         surface: CostSurface | None = None,
         draft_cost: float | None = None,
         progress: Callable[[str], None] = lambda s: None,
-        learn: float = 0.0,
+        learner: LearnerFactory | None = None,
         clock: Callable[[], float] = time.perf_counter,
         observers: Iterable[StepObserver] = (),
         **settings,
     ):
         config = replace(config or EngineConfig(), **settings)
         entry, arg = registry.parse(draft)
-        if not 0 <= learn <= 1:
-            raise ValueError(f"the learning share must be between 0 and 1, got {learn}")
         check_supported(target.model)
         if entry.name == "early-exit":
             n = target.num_layers
@@ -132,14 +132,12 @@ class Engine:
             target,
             entry.name,
             arg,
-            learn > 0,
+            learner is not None,
             lambda: _verify_cost(target, surface, config.batch_size, config.batch_limit),
         )
-        self.learner = None
-        if self.adapter is not None and learn > 0:
-            from .adapters.online import OnlineLearner
-
-            self.learner = OnlineLearner(target.model, self.adapter, share=learn)
+        self.learner: Learner | None = None
+        if self.adapter is not None and learner is not None:
+            self.learner = learner(target.model, self.adapter)
         if entry.name == "draft-model" and draft_model is None:
             draft_model = load_model(arg)
         if draft_model is not None:

@@ -47,7 +47,8 @@ def test_calibrate_stores_an_adapter_the_engine_drafts_with(tmp_path, home):
 
 def _drafts_losslessly(draft: str, text: str) -> None:
     """The stored drafter drafts on `text` and the output is plain greedy's."""
-    from core.engine import CostSurface, Engine, GenerationParams, load_model
+    from core.engine import CostSurface, Engine, GenerationParams
+    from core.models import load_model
 
     target = load_model("tiny-random")
     prompt = target.encode_prompt(text)
@@ -137,8 +138,8 @@ def test_several_layers_answer_once_and_the_choice_is_the_promise(tmp_path, home
     assert report["chosen"] == best["layer"]
     assert len(list(home.glob("adapters/*/early-exit-L*.safetensors"))) == 2
 
-    from core.engine import load_model
     from core.engine.adapters.store import best as best_stored
+    from core.models import load_model
 
     assert best_stored(load_model("tiny-random")).layer == report["chosen"]
 
@@ -187,8 +188,8 @@ def test_calibrate_head_with_a_draft_vocabulary(tmp_path, home):
     """`--exit-layer head --draft-vocab N`: the head is trained and stored over the N tokens
     its answers hold most (a smaller share of the weights per draft token) and drafts with
     them, losslessly."""
-    from core.engine import load_model
     from core.engine.adapters import load, stored
+    from core.models import load_model
 
     job = write_job(tmp_path / "job.jsonl", LINES)
     args = ["--data", job, "--exit-layer", "head", "--tokens", "1500", "--max-tokens", "12"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import core.engine.registry as registry
+import core.models.registry as registry
 from api.cli import cli
-from core.engine.registry import REGISTRY, PartFile
+from core.models.registry import REGISTRY, PartFile
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 40  # what the assembled file must hold
 

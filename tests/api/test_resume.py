@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import redis
 from click.testing import CliRunner
 
 from api.cli import cli
 from tests.api.jobfiles import read_jsonl
+from tests.support import hooked_cli
 from tests.worker.service import (
     ROOT,
     SHARED_REDIS,
@@ -65,9 +65,9 @@ def test_cancel_then_retry_resumes_the_job_and_a_worker_finishes_it(tmp_path):
         store.dispose()
 
 
-def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def _run(env: dict[str, str], *args: str, crash: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from api.cli import main; main()", "run", *args],
+        hooked_cli.command("run", *args, crash=crash),
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -83,8 +83,7 @@ def test_a_killed_run_is_interrupted_and_the_same_command_resumes_it(tmp_path):
     out = str(tmp_path / "out.jsonl")
     args = (job, "-o", out, "--model", "tiny-random", "--draft", "none")
     # The run process dies (os._exit) right after it stores its first result.
-    crash = {"APPLESPEC_TEST_CRASH_ON": ",".join(f"c{i}" for i in range(6))}
-    died = _run({**env, **crash}, *args)
+    died = _run(env, *args, crash=",".join(f"c{i}" for i in range(6)))
     assert died.returncode == 70, died.stderr
     (listed,) = json.loads(cli_ok(env, "jobs", "--json"))
     job_id = listed["id"]

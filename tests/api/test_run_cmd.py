@@ -129,7 +129,7 @@ def test_a_request_past_the_kv_budget_fails_alone_and_the_others_run(tmp_path, m
     """APPLESPEC_KV_BUDGET_MB: a line whose KV cache cannot fit is a per-line
     request_too_large error before it runs; the lines that fit are answered."""
     from core.engine.memory import bytes_per_position
-    from core.engine.tiny import tiny_model
+    from core.models.tiny import tiny_model
 
     per = bytes_per_position(tiny_model())
     budget_mb = 1

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from api.cli import cli
-from core.engine.registry import REGISTRY, model_path
+from core.models.registry import REGISTRY, model_path
 from tests.api.jobfiles import chat, read_jsonl, write_job
 
 pytestmark = pytest.mark.real_model

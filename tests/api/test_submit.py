@@ -183,12 +183,12 @@ def test_file_and_request_limits_refuse_the_whole_file_before_storing(tmp_path):
 @pytest.mark.real_model
 def test_submit_validates_with_the_tokenizer_alone(tmp_path, monkeypatch):
     import core.engine
-    import core.engine.loading
+    import core.models.loading
 
     def no_weights(*_a, **_k):
         raise AssertionError("submit loaded the model's weights")
 
-    monkeypatch.setattr(core.engine.loading, "load_model", no_weights)
+    monkeypatch.setattr(core.models.loading, "load_model", no_weights)
     monkeypatch.setattr(core.engine.Engine, "load", no_weights)
     db = f"sqlite:///{tmp_path / 'tok.db'}"
     env = service_env(db)

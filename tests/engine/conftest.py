@@ -1,7 +1,8 @@
 import pytest
 
-from core.engine import CostSurface, LoadedModel
-from core.engine.tiny import byte_tokenizer, tiny_model
+from core.engine import CostSurface
+from core.models import LoadedModel
+from core.models.tiny import byte_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +63,10 @@ ADAPTER_PROMPTS = [
 def store_adapter(target: LoadedModel, layer: int, tokens: int = 600, prompts=None):
     """Train an early-exit adapter for `target` at `layer` briefly (seeded) and store it
     under the current APPLESPEC_HOME, unless one is stored already; returns its path."""
-    from core.engine.adapters import TrainConfig, answer, features, new_adapter, save, stored
-    from core.engine.adapters import train as train_adapter
+    from core.engine.adapters import new_adapter, save, stored
+    from core.training.adapter import TrainConfig
+    from core.training.adapter import train as train_adapter
+    from core.training.data import answer, features
 
     have = stored(target, layer)
     if have:
@@ -88,9 +91,10 @@ def store_head(target: LoadedModel, tokens: int = 2000, prompts=None, vocab: int
     """Train a feature head for `target` briefly (seeded; over a draft vocabulary of the
     `vocab` tokens its answers hold most, if given) and store it under the current
     APPLESPEC_HOME, unless one is stored already; returns its path."""
-    from core.engine.adapters import answer, features, save, stored
-    from core.engine.adapters.data import top_tokens
-    from core.engine.adapters.head import head_examples, new_head_adapter, train_head
+    from core.engine.adapters import save, stored
+    from core.engine.adapters.head import new_head_adapter
+    from core.training.data import answer, features, top_tokens
+    from core.training.head import head_examples, train_head
 
     have = stored(target, kind="feature-head")
     if have:

@@ -10,27 +10,24 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.adapters import (
     AdapterError,
-    TrainConfig,
-    answer,
     best,
-    evaluate,
-    features,
     load,
     model_key,
     new_adapter,
     save,
-    split,
     stored,
-    train,
 )
 from core.engine.adapters.block import draft_hidden, prefix_hidden, target_size, weight_share
 from core.engine.adapters.store import adapters_dir, promise
 from core.engine.draft_length import best_length, expected_tokens
 from core.engine.scorer import head
-from core.engine.tiny import tiny_model
+from core.models import LoadedModel
+from core.models.tiny import tiny_model
+from core.training.adapter import TrainConfig, evaluate, train
+from core.training.data import answer, features, split
 from tests.engine.conftest import store_adapter
 
 FLAT = CostSurface.flat()
@@ -242,8 +239,8 @@ def test_an_adapter_serves_and_learns_on_a_model_kept_quantized(make_tiny):
     (online learning)."""
     import mlx.nn as nn
 
-    from core.engine.model import LoadedModel
-    from core.engine.tiny import tiny_model
+    from core.models.model import LoadedModel
+    from core.models.tiny import tiny_model
 
     target = make_tiny(0)
     path = store_adapter(target, 2)
@@ -263,7 +260,7 @@ def test_an_adapter_serves_and_learns_on_a_model_kept_quantized(make_tiny):
     for spec in ("adapter:2", "auto"):
         eng = Engine(kept, draft=spec, k=3, surface=FLAT, batch_size=2, step_modes=False)
         assert [r.tokens for r in eng.generate_many(reqs)] == [r.tokens for r in plain]
-    from core.engine.adapters.online import OnlineLearner
+    from core.training.online import OnlineLearner
 
     # Online learning trains through the quantized layers and head (gradients to the block).
     learner = OnlineLearner(kept.model, fresh, share=1.0, held_every=2, eval_every=2)
@@ -335,7 +332,7 @@ def test_trained_adapter_drafts_what_its_training_measured(make_tiny):
 
 
 def test_reduced_draft_vocabulary_round_trips_drafts_inside_it_and_stays_lossless(make_tiny):
-    from core.engine.adapters.data import top_tokens
+    from core.training.data import top_tokens
 
     target = make_tiny(0)
     _, _, train_f, held_f = _data(target, 2)

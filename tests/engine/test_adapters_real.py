@@ -4,11 +4,14 @@ it reproduces plain greedy token for token."""
 
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, load_model
-from core.engine.adapters import TrainConfig, answer, evaluate, features, new_adapter, save, train
+from core.engine import CostSurface, Engine, GenerationParams
+from core.engine.adapters import new_adapter, save
 from core.engine.adapters.block import target_size
 from core.engine.adapters.head import new_head
 from core.engine.adapters.head import size as head_size
+from core.models import load_model
+from core.training.adapter import TrainConfig, evaluate, train
+from core.training.data import answer, features
 
 pytestmark = pytest.mark.real_model
 
@@ -61,7 +64,7 @@ def test_the_heads_resident_loop_is_lossless_on_the_real_model(smollm2, tmp_path
     first at a near-tie of it (batched matmuls round by batch shape)."""
     import json
 
-    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.benchmark import GAP_BUG, first_difference, top_gap
     from core.engine.costs import surface_path
     from tests.engine.conftest import store_head
 

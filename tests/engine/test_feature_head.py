@@ -6,16 +6,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.engine.adapters import answer, features, split
-from core.engine.adapters.data import top_tokens
-from core.engine.adapters.head import (
-    evaluate,
-    head_examples,
-    new_head,
-    train_head,
-    weight_share,
-)
+from core.engine.adapters.head import new_head, weight_share
 from core.engine.scorer import head
+from core.training.data import answer, features, split, top_tokens
+from core.training.head import evaluate, head_examples, train_head
 from tests.engine.test_adapters import WORKLOAD
 
 
@@ -89,7 +83,7 @@ def _offline_logits(target, adapter, prompt: list[int], output: list[int], path:
     paired with the output tokens, the head causally over all pairs, each path token's pair
     appended with the predicted state (EAGLE's chain); -inf off its draft vocabulary."""
     from core.engine.adapters.block import prefix_hidden
-    from core.engine.adapters.head import scorer
+    from core.training.head import scorer
 
     ids = mx.array([prompt + output[:-1]])
     _, final = prefix_hidden(target.model, ids, 1)

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.cache import LANE_FROM
 from core.engine.memory import RequestTooLarge, bytes_per_position, kv_bytes, row_positions
+from core.models import LoadedModel
+from core.training.online import learner_factory
 from tests.engine.conftest import SMALL_VOCAB, store_adapter, store_head
 
 PROMPTS = [
@@ -90,7 +92,7 @@ def test_batched_speculative_greedy_equals_each_row_alone(seed, drafter, make_ti
 def _first_gaps(target, reqs, want, got) -> list:
     """Per differing row: where it first differs and the reference's top-1 minus top-2 logit
     there (a failure's evidence: a tie in the tiny random model, or a bug)."""
-    from core.engine.benchmark import first_difference, top_gap
+    from core.benchmark import first_difference, top_gap
 
     out = []
     for (prompt, _), w, g in zip(reqs, want, got, strict=True):
@@ -191,7 +193,9 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
     prompts = [[1, 2, 3, 4], [5, 0, 1], [2, 2, 2, 2, 2]]
     if drafter.endswith("+learn"):
         drafter = drafter.removesuffix("+learn")
-        extra = {"learn": 1.0}  # a unit of learning every step: the same swaps on any machine
+        extra = {
+            "learner": learner_factory(1.0)
+        }  # a unit of learning every step: the same swaps on any machine
     if drafter.startswith("adapter"):
         store_adapter(target, int(drafter.split(":")[1]), prompts=[[0, 1, 2], [3, 4, 5, 1]])
     if drafter.startswith("head"):
@@ -212,7 +216,7 @@ def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_v
     for i in range(len(prompts)):
         stat, bound = chi_square_ok(counts[i].ravel(), exact[i].ravel(), runs)
         assert stat < bound, (drafter, i, stat, bound)
-    if "learn" in extra:
+    if "learner" in extra:
         assert eng.learner.version >= 1  # a version was swapped in meanwhile
 
 
@@ -481,7 +485,7 @@ def test_prefill_peak_memory_grows_with_the_prompt_by_little_more_than_its_kv(to
     8 slots: beyond 4k it grows by the row's KV and the chunk's mask per position, not by a
     chunk x context score tensor or every slot's cache."""
     from core.engine import cpu_math
-    from core.engine.tiny import tiny_model
+    from core.models.tiny import tiny_model
 
     target = LoadedModel("tiny-long", tiny_model(3), tokenizer, 1 << 15)
     per = bytes_per_position(target.model)

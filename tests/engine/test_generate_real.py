@@ -4,8 +4,9 @@ near-tie of the reference (batched matmuls round differently)."""
 
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, load_model
-from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+from core.benchmark import GAP_BUG, first_difference, top_gap
+from core.engine import CostSurface, Engine, GenerationParams
+from core.models import load_model
 
 pytestmark = pytest.mark.real_model
 

@@ -9,8 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 
-from core.engine.gguf import mlx_name, read_header, unpermute_rows
-from core.engine.loading import load_gguf
+from core.models.gguf import mlx_name, read_header, unpermute_rows
+from core.models.loading import load_gguf
 
 from .tiny_gguf import VOCAB, llama_cpp_permute, reference_model, write_tiny_gguf
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.engine.gguf import read_gguf
-from core.engine.gguf_tokenizer import load_gguf_tokenizer
-from core.engine.registry import REGISTRY, model_path
+from core.models.gguf import read_gguf
+from core.models.gguf_tokenizer import load_gguf_tokenizer
+from core.models.registry import REGISTRY, model_path
 
 TEXTS = [
     "Hello, world!",

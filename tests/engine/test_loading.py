@@ -8,9 +8,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
-from core.engine.loading import load_model
-from core.engine.model import ModelError
-from core.engine.registry import REGISTRY
+from core.models.loading import load_model
+from core.models.model import ModelError
+from core.models.registry import REGISTRY
 
 from .tiny_gguf import write_tiny_gguf
 
@@ -94,7 +94,7 @@ def test_unknown_word_is_not_a_traceback(monkeypatch):
 def test_mlx_lm_directory(tmp_path):
     from mlx_lm.utils import save_config, save_model
 
-    from core.engine.tiny import byte_tokenizer, tiny_model
+    from core.models.tiny import byte_tokenizer, tiny_model
 
     model = tiny_model(seed=5)
     save_model(tmp_path, model)

@@ -6,9 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from core.engine import gguf as G
-from core.engine.loading import load_model
-from core.engine.registry import REGISTRY, model_path
+from core.models import gguf as G
+from core.models.loading import load_model
+from core.models.registry import REGISTRY, model_path
 
 pytestmark = pytest.mark.real_model
 

@@ -7,10 +7,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from core.engine.gguf import dequantize_tensor, mlx_name, read_header
-from core.engine.gguf_tokenizer import build_tokenizer
-from core.engine.loading import load_model
-from core.engine.registry import REGISTRY, model_path
+from core.models.gguf import dequantize_tensor, mlx_name, read_header
+from core.models.gguf_tokenizer import build_tokenizer
+from core.models.loading import load_model
+from core.models.registry import REGISTRY, model_path
 
 from .test_gguf_tokenizer import TEXTS
 from .test_loading_real import greedy

@@ -1,4 +1,4 @@
-"""Online learning of the self-drafter (adapters/online.py: an early-exit adapter or the
+"""Online learning of the self-drafter (core/training/online.py: an early-exit adapter or the
 feature head) on tiny float32 models: output stays plain greedy while versions are swapped
 in, later rows of a repetitive job accept more than its first rows, a worse version is never
 swapped in, and learning keeps to its share of the time."""
@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.adapters import AdapterError, new_adapter
 from core.engine.adapters.head import new_head_adapter
-from core.engine.adapters.online import OnlineLearner
 from core.engine.resident import ResidentLoop
-from core.engine.tiny import tiny_model
+from core.models import LoadedModel
+from core.models.tiny import tiny_model
+from core.training.online import OnlineLearner, learner_factory
 
 FLAT = CostSurface.flat()
 WORDS = ["red", "blue", "green", "big", "small", "old", "new", "fast"]
@@ -61,7 +62,7 @@ def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, draft
         surface=FLAT,
         batch_size=4,
         step_modes=False,
-        learn=1.0,
+        learner=learner_factory(1.0),
         resident=resident,
     )
     assert eng.adapter.kind == ("feature-head" if draft == "head" else "early-exit")
@@ -169,12 +170,12 @@ def test_learning_keeps_to_its_share_of_the_wall_time(make_tiny):
 def test_bad_learning_settings_are_refused(make_tiny):
     target = make_tiny(3)
     with pytest.raises(ValueError, match="learning share"):
-        Engine(target, draft="adapter:1", surface=FLAT, learn=1.5)
+        learner_factory(1.5)
     with pytest.raises(ValueError, match="learning share"):
         OnlineLearner(target.model, new_adapter(target.model, 1), share=0)
     # Without a layer there is nothing to start from: the calibrate hint, as without learning.
     with pytest.raises(AdapterError, match="applespec calibrate"):
-        Engine(target, draft="adapter", surface=FLAT, learn=0.1)
+        Engine(target, draft="adapter", surface=FLAT, learner=learner_factory(0.1))
     with pytest.raises(AdapterError, match="applespec calibrate"):
         Engine(target, draft="adapter:1", surface=FLAT)  # no learning: a stored one is needed
     with pytest.raises(AdapterError, match="applespec calibrate"):
@@ -187,7 +188,7 @@ def test_a_learning_head_takes_its_pairs_from_the_verify_steps(make_tiny, monkey
     learner trains on those pairs without a forward over the finished rows, and they are
     the states such a forward gives. So in the resident loop (core/engine/resident.py),
     which the engine leaves and enters again as rows join."""
-    from core.engine.adapters import online
+    from core.training import online
 
     target = make_tiny(3)
     reqs = [
@@ -204,7 +205,7 @@ def test_a_learning_head_takes_its_pairs_from_the_verify_steps(make_tiny, monkey
         surface=FLAT,
         batch_size=4,
         step_modes=False,
-        learn=1.0,
+        learner=learner_factory(1.0),
         resident=resident,
     )
     loops = []

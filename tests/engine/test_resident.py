@@ -9,8 +9,9 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-from core.engine import Batch, CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import Batch, CostSurface, Engine, GenerationParams
 from core.engine.config import ModeTuning
+from core.models import LoadedModel
 from tests.engine.conftest import store_head
 from tests.engine.test_adapters import WORKLOAD
 

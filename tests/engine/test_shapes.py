@@ -4,10 +4,11 @@ mlx-community ships them, built without a download, and served by the engine."""
 import mlx.core as mx
 import pytest
 
-from core.engine import Engine, GenerationParams, ModelError
+from core.engine import Engine, GenerationParams
 from core.engine.costs import CostSurface
-from core.engine.loading import load_model, load_tokenizer
-from core.engine.shapes import ARCHITECTURES, parse, weight_bytes
+from core.models import ModelError
+from core.models.loading import load_model, load_tokenizer
+from core.models.shapes import ARCHITECTURES, parse, weight_bytes
 
 
 def test_names_parse_to_an_architecture_and_bits():

@@ -7,7 +7,8 @@ import json
 import jsonschema
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, load_model
+from core.engine import CostSurface, Engine, GenerationParams
+from core.models import load_model
 
 pytestmark = pytest.mark.real_model
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.engine import CostSurface, Engine, GenerationParams, LoadedModel
+from core.engine import CostSurface, Engine, GenerationParams
 from core.engine.drafters import suffix
 from core.engine.drafters.suffix import (
     KEY,
@@ -20,6 +20,7 @@ from core.engine.drafters.suffix import (
     SuffixIndex,
 )
 from core.engine.sequence import Sequence
+from core.models import LoadedModel
 
 ANSWERS = [
     '{"name": "Maria Lopez", "city": "Madrid", "label": "positive"}',
@@ -261,7 +262,7 @@ def test_matches_on_characters_across_tokenizations():
     """The stored answer says `"label": "positive"`; a row that wrote `"lab` + `el` in other
     tokens than the stored answer's still gets the continuation, as tokens that re-tokenize
     its own last tokens."""
-    from core.engine.loading import load_tokenizer
+    from core.models.loading import load_tokenizer
 
     tok, _ = load_tokenizer("smollm2-135m")
     target = SimpleNamespace(
@@ -308,8 +309,8 @@ def _labeling_job(model: LoadedModel, n: int):
 
 @pytest.mark.real_model
 def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
-    from core.engine import load_model
-    from core.engine.benchmark import GAP_BUG, first_difference, top_gap
+    from core.benchmark import GAP_BUG, first_difference, top_gap
+    from core.models import load_model
 
     model = load_model("smollm2-135m")
     reqs = _labeling_job(model, 12)

@@ -67,9 +67,7 @@ def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
     model = unique_model()
     # Four rows at a time, 0.05 s per item as its row joins: items finish in waves over
     # several of the page's 1 s refreshes
-    env = service_env(
-        db, APPLESPEC_MODEL=model, APPLESPEC_BATCH_SIZE="4", APPLESPEC_TEST_ITEM_DELAY="0.05"
-    )
+    env = service_env(db, APPLESPEC_MODEL=model, APPLESPEC_BATCH_SIZE="4")
     upgrade(db)
     server = Server(env, tmp_path / "server.log")
     worker = None
@@ -106,7 +104,7 @@ def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
         browser.execute_script("window.notReloaded = true;")
         browser.save_screenshot(str(tmp_path / "dashboard-queued.png"))
 
-        worker = Worker(env, model, tmp_path / "worker.log")
+        worker = Worker(env, model, tmp_path / "worker.log", item_delay=0.05)
         seen = [progress()]
         deadline = time.monotonic() + 150
         while seen[-1] != f"{total}/{total}":

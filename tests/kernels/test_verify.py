@@ -6,7 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernels.verify import children_table, verify, verify_ops
+from kernels.tree import children_table
+from kernels.verify import verify, verify_ops
 from tests.kernels.helpers import chi2_critical, chi2_stat
 
 NEG = -1e9
@@ -227,7 +228,7 @@ def test_per_row_parents_verify_each_row_as_its_own_tree():
     """(B, N) parents with padded tails: row b's result equals verifying it alone."""
     import numpy as np
 
-    from kernels.verify import PAD
+    from kernels.tree import PAD
 
     rng = np.random.default_rng(7)
     V, N = 11, 6
@@ -251,7 +252,7 @@ def test_per_row_parents_verify_each_row_as_its_own_tree():
 
 
 def test_padding_must_come_last():
-    from kernels.verify import PAD, check_parents
+    from kernels.tree import PAD, check_parents
 
     with pytest.raises(ValueError, match="before it"):
         check_parents([[-1, PAD, 0]])

@@ -50,10 +50,10 @@ def test_kernels_are_absent_without_their_backend():
 
 
 def _ragged_case(V: int, dtype, seed: int):
-    """Four rows, each its own tree with a padded tail (kernels.verify.PAD)."""
+    """Four rows, each its own tree with a padded tail (kernels.tree.PAD)."""
     import numpy as np
 
-    from kernels.verify import PAD
+    from kernels.tree import PAD
     from tests.kernels.helpers import random_parents
 
     rng = np.random.default_rng(seed)

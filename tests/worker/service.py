@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from sqlalchemy import select
 from api.cli import cli
 from core.store.database import make_engine, make_sessionmaker
 from core.store.models import Item, Job, Metric, Result
+from tests.support import hooked_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_REDIS = "redis://127.0.0.1:6379/11"
@@ -54,7 +54,11 @@ def service_env(
 
 
 class Worker:
-    """An `applespec worker` subprocess in its own process group (so it can be SIGKILLed whole)."""
+    """An `applespec worker` subprocess in its own process group (so it can be SIGKILLed whole).
+
+    `crash`: comma-separated custom_ids the worker process dies on; `item_delay`: seconds
+    each item waits as it joins the batch (test hooks: tests/support/hooked_cli.py).
+    """
 
     def __init__(
         self,
@@ -63,13 +67,12 @@ class Worker:
         log: Path,
         concurrency: int = 1,
         extra: tuple[str, ...] = (),
+        crash: str | None = None,
+        item_delay: float | None = None,
     ):
         self.log = log
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from api.cli import main; main()",
+            hooked_cli.command(
                 "worker",
                 "--model",
                 model,
@@ -81,7 +84,9 @@ class Worker:
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
-            ],
+                crash=crash,
+                item_delay=item_delay,
+            ),
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process

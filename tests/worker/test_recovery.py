@@ -58,14 +58,14 @@ def test_sigkilled_worker_with_default_settings_loses_nothing_and_runs_nothing_t
     chunk comes back through its expired leases, well within 2 minutes of the kill."""
     db = f"sqlite:///{tmp_path / 'crash.db'}"
     # A job larger than a batch: each worker runs 4 rows at a time.
-    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="0.3", APPLESPEC_BATCH_SIZE="4")
+    env = service_env(db, APPLESPEC_BATCH_SIZE="4")
     for name in ("APPLESPEC_SWEEP_INTERVAL", "APPLESPEC_CHUNK_SIZE"):
         env.pop(name)  # the defaults: sweep every 10 s, chunks of 8
     upgrade(db)
     model = unique_model()
     store = Store(db)
-    a = Worker(env, model, tmp_path / "a.log")
-    b = Worker(env, model, tmp_path / "b.log")
+    a = Worker(env, model, tmp_path / "a.log", item_delay=0.3)
+    b = Worker(env, model, tmp_path / "b.log", item_delay=0.3)
     try:
         a.wait_ready()
         b.wait_ready()
@@ -185,15 +185,14 @@ def test_a_chunk_delivered_again_while_its_items_run_is_not_run_twice(tmp_path):
     env = service_env(
         db,
         APPLESPEC_VISIBILITY_TIMEOUT="3",
-        APPLESPEC_TEST_ITEM_DELAY="1.5",
         APPLESPEC_LEASE_TIMEOUT="4",
         APPLESPEC_HEARTBEAT_INTERVAL="0.5",
     )
     upgrade(db)
     model = unique_model()
     store = Store(db)
-    a = Worker(env, model, tmp_path / "a.log")
-    b = Worker(env, model, tmp_path / "b.log")
+    a = Worker(env, model, tmp_path / "a.log", item_delay=1.5)
+    b = Worker(env, model, tmp_path / "b.log", item_delay=1.5)
     try:
         a.wait_ready()
         b.wait_ready()
@@ -228,11 +227,11 @@ def test_warm_shutdown_finishes_the_rows_in_progress_and_hands_the_rest_back(tmp
     engine go back to the queue, and the other worker runs them."""
     db = f"sqlite:///{tmp_path / 'warm.db'}"
     # Two rows at a time, each item slow to start: most of the chunk waits in the engine.
-    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="0.4", APPLESPEC_BATCH_SIZE="2")
+    env = service_env(db, APPLESPEC_BATCH_SIZE="2")
     upgrade(db)
     model = unique_model()
     store = Store(db)
-    workers = [Worker(env, model, tmp_path / f"w{i}.log") for i in range(2)]
+    workers = [Worker(env, model, tmp_path / f"w{i}.log", item_delay=0.4) for i in range(2)]
     try:
         for w in workers:
             w.wait_ready()
@@ -272,11 +271,11 @@ def test_warm_shutdown_finishes_the_rows_in_progress_and_hands_the_rest_back(tmp
 def test_a_deleted_sqlite_database_stops_the_worker_instead_of_writing_into_it(tmp_path):
     db_path = tmp_path / "gone.db"
     db = f"sqlite:///{db_path}"
-    env = service_env(db, APPLESPEC_TEST_ITEM_DELAY="0.5")
+    env = service_env(db)
     upgrade(db)
     model = unique_model()
     store = Store(db)
-    a = Worker(env, model, tmp_path / "a.log")
+    a = Worker(env, model, tmp_path / "a.log", item_delay=0.5)
     broker = redis.Redis.from_url(SHARED_REDIS)
     try:
         a.wait_ready()

@@ -38,12 +38,11 @@ def farm(tmp_path_factory):
     env = service_env(
         db,
         APPLESPEC_MAX_ATTEMPTS="2",
-        APPLESPEC_TEST_CRASH_ON="poison",
         APPLESPEC_IDLE_WARNING="0.5",  # a live worker never draws the warning
     )
     upgrade(db)
     model = unique_model()
-    worker = Worker(env, model, tmp / "worker.log")
+    worker = Worker(env, model, tmp / "worker.log", crash="poison")
     store = Store(db)
     try:
         worker.wait_ready()
@@ -190,13 +189,11 @@ def test_redis_restart_mid_job_still_completes(tmp_path):
     redis_server.start()
     db = f"sqlite:///{tmp_path / 'restart.db'}"
     # Two rows at a time, 0.3 s per item: most chunks are still on the broker when it dies.
-    env = service_env(
-        db, broker_url=redis_server.url, APPLESPEC_BATCH_SIZE="2", APPLESPEC_TEST_ITEM_DELAY="0.3"
-    )
+    env = service_env(db, broker_url=redis_server.url, APPLESPEC_BATCH_SIZE="2")
     upgrade(db)
     model = unique_model()
     store = Store(db)
-    worker = Worker(env, model, tmp_path / "w.log")
+    worker = Worker(env, model, tmp_path / "w.log", item_delay=0.3)
     try:
         worker.wait_ready()
         path = write_prompts(tmp_path / "job.jsonl", [f"r{i:02d}" for i in range(16)], 16)

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from core.models import LoadedModel
+
 from ..costs import data_dir
 from ..draft_length import best_length
-from ..model import LoadedModel
 from .block import KIND, Adapter, new_adapter, weight_share
 from .head import KIND as HEAD
 from .head import new_head_adapter

@@ -1,4 +1,4 @@
-"""Training and evaluating a self-drafter against the frozen target.
+"""Training and evaluating an early-exit adapter against the frozen target.
 
 Loss: KL(full || draft) over the whole vocabulary at the answer positions (the teacher is
 the target's own next-token distribution there, not just its sampled token). Adam with a
@@ -24,9 +24,10 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from ..cache import bucket, bucket_rows, kv_pad
-from ..scorer import head
-from .block import Adapter, draft_hidden, reduced_logits
+from core.engine.adapters.block import Adapter, draft_hidden, reduced_logits
+from core.engine.cache import bucket, bucket_rows, kv_pad
+from core.engine.scorer import head
+
 from .data import Features
 
 

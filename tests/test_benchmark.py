@@ -4,9 +4,9 @@ import pytest
 from click.testing import CliRunner
 
 from api.cli import cli
+from core.benchmark import JobFileError, format_table, load_job, run_bench
 from core.engine import CostSurface
-from core.engine.benchmark import JobFileError, format_table, load_job, run_bench
-from core.engine.tiny import load_tiny
+from core.models.tiny import load_tiny
 
 JOB = [
     {
@@ -72,7 +72,7 @@ def test_bench_rows_on_a_job_file(tiny_job):
 
 
 def test_accepted_length_over_the_job_halves_and_eighths():
-    from core.engine.benchmark import _curve
+    from core.benchmark import _curve
 
     per_item = [1.0] * 8 + [2.0] * 8
     c = _curve(per_item)

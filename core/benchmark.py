@@ -39,15 +39,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .costs import format_surface
-from .engine import Engine
-from .model import LoadedModel
-from .observer import PhaseTotals
-from .roofline import device_peaks, shares
-from .sampling import GenerationParams
+from core.engine import Engine, GenerationParams
+from core.engine.costs import format_surface
+from core.engine.observer import PhaseTotals
+from core.engine.roofline import device_peaks, shares
+from core.models import LoadedModel
 
 GAP_BUG = 0.05
-DEFAULT_JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "grounded-64.jsonl"
+DEFAULT_JOB = Path(__file__).resolve().parents[1] / "examples" / "jobs" / "grounded-64.jsonl"
 
 
 def format_phases(seconds: Counter, calls: Counter, wall: float) -> list[str]:
@@ -189,7 +188,7 @@ def grammar_processor(target: LoadedModel, response_format: dict) -> Callable:
     bitmask, applied on the device), its matcher advanced by each token fed back. mlx-lm
     calls it with the row's tokens so far (the prompt first); the first call is at the
     first generated token."""
-    from .grammar import apply_masks, compile_format
+    from core.engine.grammar import apply_masks, compile_format
 
     row = compile_format(response_format, target.tokenizer, target.vocab_size).row()
     fed: list[int] = []  # the context's length at the first call (the prompt's)
@@ -500,7 +499,7 @@ def valid_answers(target: LoadedModel, items: list[Item], outputs: list[list[int
     (the `jsonschema` package; `json_object`: any object)."""
     import jsonschema
 
-    from .grammar import schema_of
+    from core.engine.grammar import schema_of
 
     valid = 0
     for it, out in zip(items, outputs, strict=True):

@@ -19,9 +19,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..model import LoadedModel
-from ..sampling import GenerationParams
-from .block import prefix_hidden
+from core.engine.adapters.block import prefix_hidden
+from core.engine.sampling import GenerationParams
+from core.models import LoadedModel
 
 
 @dataclass
@@ -90,7 +90,7 @@ def answer(
     """The target's greedy answer to every prompt, then `samples` sampled answers each
     (seeded), batched with no drafting; `max_tokens` for all or per prompt.
     `on_result(tokens)` after each answer."""
-    from ..engine import Engine
+    from core.engine import Engine
 
     caps = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     reqs = [(p, GenerationParams(max_tokens=m)) for p, m in zip(prompts, caps, strict=True)]

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..model import LoadedModel
-from .block import new_adapter, target_size, weight_share
+from core.engine.adapters.block import new_adapter, target_size, weight_share
+from core.engine.adapters.head import new_head_adapter
+from core.engine.adapters.head import weight_share as head_share
+from core.engine.adapters.store import model_key, promise, save
+from core.models import LoadedModel
+
+from .adapter import TrainConfig, evaluate, train
 from .data import answer, answer_cached, coverage, features, features_cached, split, top_tokens
-from .head import head_examples, new_head_adapter, train_head
-from .head import weight_share as head_share
-from .store import model_key, promise, save
-from .training import TrainConfig, evaluate, train
+from .head import head_examples, train_head
 
 
 @dataclass
@@ -100,7 +102,7 @@ def calibrate(
     passes: int | None = None,
 ) -> Calibration:
     """Train, measure and (with `store`) keep an early-exit adapter at `layer`, or with
-    `layer` "head" the feature head over the target's last states (adapters/head.py). With
+    `layer` "head" the feature head over the target's last states (core/engine/adapters/head.py). With
     `answers`, the target's answers are kept in that file (and their features at the layer
     beside it, `<answers>.L<layer>.safetensors`) and reused by a later run on the same model,
     prompts and settings (answering and the features are most of a short calibration). With
@@ -252,7 +254,7 @@ def calibrate(
 
 @dataclass
 class _HeadResult:
-    """`train_head`'s report in `training.TrainResult`'s terms (agreement: the first draft
+    """`train_head`'s report in `adapter.TrainResult`'s terms (agreement: the first draft
     token; `second`: the second)."""
 
     before: float

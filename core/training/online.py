@@ -23,7 +23,8 @@ share of wall time (`share`), the learner does one unit of work at a time:
 
 The target stays frozen and only the drafter's weights change between steps, so output
 stays lossless: the verify step decides every token. `version` counts the swaps; `history`
-records every evaluation (what a user sees climb). (A feature head's rows in flight keep the
+records every evaluation (what a user sees climb). The engine builds its learner through
+`learner_factory` and drives it through core/engine/learner.py's `Learner` protocol. (A feature head's rows in flight keep the
 keys and values their head cache took under the version before; rows admitted after a swap
 draft wholly with the new one.)
 """
@@ -35,6 +36,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -42,12 +44,25 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..cache import bucket, bucket_rows, kv_pad
-from .block import Adapter, clone, draft_hidden, exit_hidden, prefix_hidden
-from .head import KIND as HEAD
-from .training import _chunks, _head, pad_exits
+from core.engine.adapters.block import Adapter, clone, draft_hidden, exit_hidden, prefix_hidden
+from core.engine.adapters.head import KIND as HEAD
+from core.engine.cache import bucket, bucket_rows, kv_pad
+
+from .adapter import _chunks, _head, pad_exits
 
 SHARE = 0.10  # the default bound on the share of wall time spent learning
+
+
+def learner_factory(share: float) -> Callable[[nn.Module, Adapter], OnlineLearner] | None:
+    """The engine's `learner` for a share of wall time (`Engine(learner=...)`): an
+    `OnlineLearner` at that share for whichever adapter serves; None at 0 (no online learning).
+
+    Raises:
+        ValueError: when `share` is outside [0, 1].
+    """
+    if not 0 <= share <= 1:
+        raise ValueError(f"the learning share must be between 0 and 1, got {share}")
+    return partial(OnlineLearner, share=share) if share > 0 else None
 
 
 @dataclass
