@@ -7,7 +7,7 @@
 # Runs on the lent GPU host once the staged wheels and the GGUF are unpacked into $HOME/site
 # and $HOME/stage (../shared/device/README.md: the mlx-cuda, mlx and mlx-lm wheels, gguf,
 # and the SmolLM2 GGUF).
-#   bash bench/h200.sh tests|grounded|open256|single|labeling|labeling1024|long|online|attention|real-inputs|structured|energy
+#   bash bench/h200.sh tests|grounded|open256|single|labeling|labeling1024|long|online|attention|real-inputs|structured|energy|before-after
 #
 #   tests         the engine and kernel tests on the GPU
 #   grounded      256 grounded items: ours plain and `auto` against mlx-lm's batch_generate
@@ -165,8 +165,24 @@ structured)  # -> gpu-labeling-json-256-structured.json: issue 48's GPU line, 25
     --rows mlx_lm,ours_batched,ours_batched_spec,ours_batched_free --batch-sizes 64,128,256 --our-batch-sizes 128,256 --repeat 2 \
     -o "$OUT/gpu-labeling-json-256-structured.json" 2>&1 | tee "$OUT/gpu-labeling-json-256-structured.txt" | grep -v "^  \[" || true
   ;;
+before-after)  # BEFORE=a checkout of an earlier commit -> gpu-before-after.txt: the suite's labeling (256 items at 256 rows, suffix) and batch-1 (24 grounded items, auto) commands, our rows only, in the earlier tree and in this one, alternating, R rounds (2 unless set); LAB_S and B1_S cap each run's seconds
+  python3 examples/make_jobs.py --kind labeling --items 256 -o "$HOME/labeling-256.jsonl"
+  head -24 examples/jobs/grounded-256.jsonl > "$HOME/g24.jsonl"
+  for r in $(seq "${R:-2}"); do
+    for tree in "$BEFORE" "$PWD"; do
+      ( cd "$tree" && export PYTHONPATH="$HOME/site:$tree"
+        echo "== $(git -C "$tree" rev-parse --short HEAD 2>/dev/null || basename "$tree") round $r: labeling-256"
+        timeout "${LAB_S:-150}" python3 -c 'from api.bench_cmd import bench; bench()' --input "$HOME/labeling-256.jsonl" \
+          --our-batch-sizes 256 --rows ours_batched,ours_batched_spec --draft suffix \
+          --reference ours_single --reference-items 4 2>&1 | grep -v "^  \[" || true
+        echo "== round $r: batch 1, grounded-24"
+        timeout "${B1_S:-90}" python3 -c 'from api.bench_cmd import bench; bench()' --input "$HOME/g24.jsonl" \
+          --rows ours_single,ours_single_spec --reference ours_single 2>&1 | grep -v "^  \[" || true )
+    done
+  done 2>&1 | tee "$OUT/gpu-before-after.txt"
+  ;;
 energy)  # -> gpu-energy-grounded-64.txt: one job's energy from NVML (bench/energy_job.py)
   timeout ${ENERGY_S:-120} python3 bench/energy_job.py 2>&1 | tee "$OUT/gpu-energy-grounded-64.txt" | tail -3 || true
   ;;
-*) echo "usage: bash bench/h200.sh tests|grounded|open256|single|labeling|labeling1024|long|online|attention|real-inputs|structured|energy" >&2; exit 2 ;;
+*) echo "usage: bash bench/h200.sh tests|grounded|open256|single|labeling|labeling1024|long|online|attention|real-inputs|structured|energy|before-after" >&2; exit 2 ;;
 esac
