@@ -1,9 +1,9 @@
 """The machine's verify-cost surface: how long one forward of B rows x W tokens takes.
 
 Speculation in a batch pays only where verifying more tokens per row costs less than it
-returns, and that depends on the batch size: on an H200 a 135M model costs about the same
-for 1 or 32 tokens per row at small batches (latency-bound), on a 2-core CPU the extra
-tokens are nearly free only until the matmuls stop being bound by reading the weights.
+returns, and that depends on the machine and the batch size: where a step is bound by
+latency (a small model on a GPU, at small batches) more tokens per row cost almost nothing,
+where it is bound by compute (a CPU at large batches) each costs nearly a row's step.
 So the cost is measured on this machine, at (batch size, tokens per row), once per machine
 and model, and kept under the data directory (`APPLESPEC_HOME`); every draft length and
 batch size is chosen from it.

@@ -166,8 +166,8 @@ def apply_masks(logits: mx.array, nodes: list[int], bits: np.ndarray) -> mx.arra
     """(M, V) logits with `MASKED` added wherever `bits` (one row per node in `nodes`)
     disallows a token; other rows unchanged. Bit t of word w allows token 32 * w + t.
 
-    The bits are unpacked on the host (numpy) and added on the device as one (M, V) mask:
-    on this CPU `mx.where` over 64 rows of 49152 tokens took 14-22 ms, the add 2 ms."""
+    The bits are unpacked on the host (numpy) and added on the device as one (M, V) mask,
+    which costs less than an `mx.where` over the logits (docs/structured-output.md)."""
     if not nodes:
         return logits
     M, V = logits.shape

@@ -109,12 +109,9 @@ class Segment:
         return out
 
 
-# A verify step's rows split into one more segment cost, on this CPU, about as much as
-# attention over one more query per row of the step (49 rows at 160 cached positions: a
-# second segment of scattered rows 50-60 ms over a 250 ms step, each padded query 0.3-0.6
-# ms): each segment gathers its rows' keys and values and runs its own attention. (Not
-# measured on Metal, where a segment's own kernels cost launches rather than a gather's
-# copy; CUDA runs one segment of every slot.)
+# What one more verify segment costs, in padded queries per row of the step: each segment
+# gathers its rows' keys and values and runs its own attention (docs/decisions.md: segment
+# merging). CUDA runs one segment of every slot.
 SPLIT_QUERIES = 1.0  # padded queries per row of the step that a further segment costs
 
 

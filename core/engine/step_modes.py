@@ -30,9 +30,7 @@ class StepModes:
     host-synced) is the host's work alone, the switch's cost, which a trial's alternation
     makes and the winner running on does not pay: it measures nothing in a trial and
     counts toward no block (`observe`'s `entry`; the batch says which steps are entries).
-    Counted, it made the loop look slower than it runs: at batch 1 on an H100 a loop block
-    of one step (a probe) took 15-29 ms for one or two tokens against 7 ms a step when the
-    loop runs on, so once it lost a trial it lost every probe. Outside a trial an entry
+    Counted, it would make the loop look slower than it runs (docs/decisions.md). Outside a trial an entry
     counts: there it follows a row joining or finishing, a cost the kind pays as it runs.
     (On the CPU queueing a step computes most of it: its entry holds its forward and
     counts.) A kind that left the last trial clearly slower runs a first block of `probe`
@@ -55,8 +53,7 @@ class StepModes:
     from an empty index; the next one from all that the first wrote). That trial is
     between drafting and the kind that runs: what the drafters learned changes no other.
 
-    A trial's blocks are short (8 steps of a kind at batch 1 take some 40 ms on a GPU, and
-    the head's loop emits 1 to 3 tokens a step), so one trial's rates are noisy. So each
+    A trial's blocks are short (a few steps of a kind), so one trial's rates are noisy. So each
     kind's measurement is pooled (`_pool`): the steps the winner runs between trials count
     toward its rate, and what a trial measures adds to what the earlier ones did, weighed
     down by `decay` at every trial. The winner is the kind with the best pooled rate among

@@ -53,9 +53,7 @@ from ..scorer import Segment, forward
 from ..tree import TokenTree, best_first
 from .base import Draft
 
-# The tree's width unless a spec says (`head:W`). A chain: on this CPU at batch 1 the head's
-# 4-wide trees accepted 1.77 tokens a step against the chain's 1.70 and ran 0.88x of it
-# (bench/results/cpu-head-tree-s8-open-held-out-b1.txt).
+# The tree's width unless a spec says (`head:W`): a chain (docs/performance.md, `head:4`).
 WIDTH = 1
 KEEP_COMPACT = 16  # read spans kept per row (of the steps' outputs) before one buffer, at most
 
