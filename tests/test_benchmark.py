@@ -39,6 +39,7 @@ def tiny_job(job, monkeypatch):
     return target, load_job(target, job, None)
 
 
+@pytest.mark.slow
 def test_bench_rows_on_a_job_file(tiny_job):
     target, items = tiny_job
     assert [it.max_tokens for it in items] == [10, 11, 12, 13, 14]
@@ -91,6 +92,7 @@ def test_a_bench_file_that_is_not_a_job_is_one_clear_error(tmp_path):
     assert r.exit_code == 1 and "line 2" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.slow
 def test_bench_cli_json(job, tmp_path, monkeypatch):
     monkeypatch.setattr("core.engine.engine.load_or_measure", lambda *a, **k: CostSurface.flat())
     out = tmp_path / "b.json"
@@ -131,6 +133,7 @@ def test_bench_cli_json(job, tmp_path, monkeypatch):
         } <= set(row)
 
 
+@pytest.mark.slow
 def test_phases_time_the_parts_of_our_steps(tiny_job):
     target, items = tiny_job
     res = run_bench(
@@ -154,6 +157,7 @@ def test_phases_time_the_parts_of_our_steps(tiny_job):
     assert ph["draft"][1] > 0 and ph["plan"][1] == ph["draft"][1] == ph["commit"][1]
 
 
+@pytest.mark.slow
 def test_repeat_times_every_configuration_in_rounds_and_gives_the_ratios_per_round(
     tiny_job, monkeypatch
 ):
@@ -203,6 +207,7 @@ def test_repeat_times_every_configuration_in_rounds_and_gives_the_ratios_per_rou
     assert "tok/s by round" in format_table(res) and "median" in format_table(res)
 
 
+@pytest.mark.slow
 def test_response_format_lines_are_benched_constrained(tmp_path, monkeypatch):
     """A job with a schema: every row (mlx-lm's through llguidance's logits processor) gives
     the constrained reference's tokens, answers are counted valid, `ours_batched_free` drops

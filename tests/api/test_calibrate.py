@@ -112,6 +112,7 @@ def test_one_distinct_prompt_is_not_enough(tmp_path):
     _one_line_error(_calibrate("--data", job, "--tokens", "100"), "at least two distinct prompts")
 
 
+@pytest.mark.slow
 def test_draft_adapter_without_one_names_calibrate(tmp_path):
     """With online learning off, `adapter:L` needs a stored adapter; `adapter` (no layer)
     always does. With learning on (the default), `adapter:L` starts untrained and runs."""

@@ -73,6 +73,7 @@ def _metrics(store_url: str) -> str:
     return _served(store_url)
 
 
+@pytest.mark.slow
 def test_energy_from_nvml_per_request_job_and_host(tmp_path, store):
     job_id = _run(
         tmp_path,
@@ -105,6 +106,7 @@ def test_energy_from_nvml_per_request_job_and_host(tmp_path, store):
     )
 
 
+@pytest.mark.slow
 def test_no_meter_is_not_measured_never_a_guess(tmp_path, store):
     job_id = _run(tmp_path, {"APPLESPEC_POWERCAP": str(tmp_path / "none")})
     energy = json.loads(cli_ok({}, "status", job_id, "--json"))["energy"]
@@ -122,6 +124,7 @@ def test_no_meter_is_not_measured_never_a_guess(tmp_path, store):
     assert "applespec_energy_joules_total{" not in _metrics(store)
 
 
+@pytest.mark.slow
 @pytest.mark.service
 def test_a_worker_measures_with_rapl(tmp_path):
     db = f"sqlite:///{tmp_path / 'w.db'}"

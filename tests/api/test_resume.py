@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 
+import pytest
 import redis
 from click.testing import CliRunner
 
@@ -36,6 +37,7 @@ def _prompts(path, n: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_cancel_then_retry_resumes_the_job_and_a_worker_finishes_it(tmp_path):
     db = f"sqlite:///{tmp_path / 'resume.db'}"
     model = unique_model()
@@ -76,6 +78,7 @@ def _run(env: dict[str, str], *args: str, crash: str | None = None) -> subproces
     )
 
 
+@pytest.mark.slow
 def test_a_killed_run_is_interrupted_and_the_same_command_resumes_it(tmp_path):
     db = f"sqlite:///{tmp_path / 'run.db'}"
     env = service_env(db)

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from api.cli import cli
@@ -77,6 +78,7 @@ def test_without_errors_file_bad_lines_go_to_the_output_in_order(tmp_path):
     assert codes == want + ["ok"]
 
 
+@pytest.mark.slow
 def test_run_jobs_are_in_the_store(tmp_path):
     job = write_job(tmp_path / "job.jsonl", [*GOOD, "{bad"])
     out = tmp_path / "out.jsonl"

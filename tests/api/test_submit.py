@@ -115,6 +115,7 @@ def _comparable(line: dict) -> dict:
     return line
 
 
+@pytest.mark.slow
 def test_a_hostile_file_gives_the_same_per_line_errors_and_results_on_both_stores(
     tmp_path, sqlite_url, postgres_url
 ):

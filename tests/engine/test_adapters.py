@@ -58,6 +58,7 @@ def test_split_holds_out_distinct_prompts_never_trained_on():
     assert split(prompts, 0.2) == (train_p, held_p)  # seeded
 
 
+@pytest.mark.slow
 def test_training_lowers_the_kl_and_raises_held_out_agreement(make_tiny):
     target = make_tiny(0)
     _, held_p, train_f, held_f = _data(target, 2)
@@ -77,6 +78,7 @@ def test_training_lowers_the_kl_and_raises_held_out_agreement(make_tiny):
     assert r2.curve == r.curve and r2.losses == r.losses
 
 
+@pytest.mark.slow
 def test_training_over_a_float16_quantized_target_learns_and_stays_finite(make_tiny):
     """What a GPU worker's calibrate trains over (GGUF weights kept quantized, float16
     activations): the block trains in float32 and returns to float16, finite."""
@@ -331,6 +333,7 @@ def test_trained_adapter_drafts_what_its_training_measured(make_tiny):
     assert got == want
 
 
+@pytest.mark.slow
 def test_reduced_draft_vocabulary_round_trips_drafts_inside_it_and_stays_lossless(make_tiny):
     from core.training.data import top_tokens
 

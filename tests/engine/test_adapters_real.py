@@ -36,6 +36,7 @@ def test_adapter_is_within_five_percent_of_the_target(smollm2):
     assert head_size(new_head(smollm2.model)) <= 0.05 * target_size(smollm2.model)
 
 
+@pytest.mark.slow
 def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):
     L = 6
     chats = [smollm2.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
@@ -58,6 +59,7 @@ def test_trained_adapter_is_lossless_on_the_real_model(smollm2, tmp_path, monkey
             assert got.tokens == want.tokens, k
 
 
+@pytest.mark.slow
 def test_the_heads_resident_loop_is_lossless_on_the_real_model(smollm2, tmp_path, monkeypatch):
     """The head's resident loop (core/engine/resident.py) on the real model: alone, token
     for token plain greedy; in a batch, each row equals its single-row output or differs

@@ -156,6 +156,7 @@ def _engine_drafts(monkeypatch, target, spec: str, k: int) -> list[tuple]:
 
 
 @pytest.mark.parametrize("vocab,pad", [(None, "0"), (40, "0"), (None, "8")])
+@pytest.mark.slow
 def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
     make_tiny, adapter_home, tmp_path, monkeypatch, vocab, pad
 ):
@@ -191,6 +192,7 @@ def test_the_engine_drafts_what_the_head_computes_over_whole_sequences(
         assert {t for s in seen for t in s[3]} <= set(seen[0][-1].vocab.tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [None, 40])
 def test_a_head_tree_holds_the_heads_likeliest_tokens_at_every_node(
     make_tiny, adapter_home, tmp_path, monkeypatch, vocab
@@ -284,6 +286,7 @@ def test_a_stored_heads_measured_agreement_is_the_engines_prior(make_tiny, tmp_p
     assert RowPolicy(fresh).warming()
 
 
+@pytest.mark.slow
 def test_where_a_token_costs_time_rows_verify_only_the_heads_likely_nodes(
     make_tiny, tmp_path, monkeypatch
 ):
@@ -416,6 +419,7 @@ def test_the_engine_times_the_heads_depth_once_for_all_its_batches(
     assert got == [plain.generate(p, q).tokens for p, q in reqs]
 
 
+@pytest.mark.slow
 def test_a_probe_of_the_head_never_takes_a_row_a_better_offer_holds(
     make_tiny, tmp_path, monkeypatch
 ):

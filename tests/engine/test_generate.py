@@ -68,6 +68,7 @@ def plain(target, prompt, params):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.slow
 def test_batched_speculative_greedy_equals_each_row_alone(seed, drafter, make_tiny):
     """Ragged prompts, rows finishing at different times (max_tokens 12..48), rows joining
     mid-run (5 requests, 3 rows), adaptive and fixed k."""
@@ -175,6 +176,7 @@ def _exact_two_tokens(model, prompt, V):
         "head:3",
     ],
 )
+@pytest.mark.slow
 def test_sampled_rows_of_a_batch_follow_the_target_distribution(drafter, small_vocab):
     """Three rows with different prompts share each batch; per row, the joint distribution
     of its first two tokens over 600 seeds matches the exact target distribution
@@ -305,6 +307,7 @@ def test_a_request_that_cannot_fit_alone_fails_before_it_runs(make_tiny):
     [(d, "0") for d in ("none", "ngram", "tree", "early-exit:1", "head:3", "auto")]
     + [(d, "8") for d in ("none", "ngram", "head:3")],
 )
+@pytest.mark.slow
 def test_long_rows_in_lanes_beside_short_rows_stay_lossless(drafter, pad, make_tiny, monkeypatch):
     """Rows past `lane_from` positions keep their cache in lanes of their own (grown chunk by
     chunk while prefilling) beside the dense block's short rows, joining and leaving: each
@@ -480,6 +483,7 @@ def test_cuda_shapes_change_nothing(drafter, make_tiny, monkeypatch):
     assert [r.tokens for r in got] == want
 
 
+@pytest.mark.slow
 def test_prefill_peak_memory_grows_with_the_prompt_by_little_more_than_its_kv(tokenizer):
     """Peak memory of prefilling 1k, 4k and 16k tokens (plus two generated) in a batch of
     8 slots: beyond 4k it grows by the row's KV and the chunk's mask per position, not by a

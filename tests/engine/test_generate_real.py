@@ -30,6 +30,7 @@ def _prompt(model, text):
     return model.encode_chat([{"role": "user", "content": text}])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", PROMPTS[:2])
 def test_every_drafter_equals_plain_greedy_alone(smollm2, text):
     prompt = _prompt(smollm2, text)
@@ -42,6 +43,7 @@ def test_every_drafter_equals_plain_greedy_alone(smollm2, text):
         assert got.tokens == want, spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["none", "auto", "tree"])
 def test_batched_rows_equal_single_rows_up_to_near_ties(smollm2, spec):
     reqs = [(_prompt(smollm2, t), GenerationParams(max_tokens=32)) for t in PROMPTS]

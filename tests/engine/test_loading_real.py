@@ -78,6 +78,7 @@ def _flat(tree, prefix=""):
         ("output_norm.weight", "model.norm.weight", None),  # F32
     ],
 )
+@pytest.mark.slow
 def test_weights_match_gguf_package_dequantization(smol, reader, gguf_name, path, heads):
     import gguf
 

@@ -38,6 +38,7 @@ def _acceptance(results) -> float:
 UNTRAINED = {"adapter:1": lambda m: new_adapter(m, 1), "head": new_head_adapter}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", [*UNTRAINED, "head-resident"])
 @pytest.mark.parametrize("weights", ["float32", "float16-quantized"])
 def test_a_job_learns_its_drafter_while_output_stays_plain_greedy(weights, draft, make_tiny):
@@ -104,6 +105,7 @@ def test_a_worse_version_is_never_swapped_in(make_tiny, draft):
     assert all(np.array_equal(before[k], np.array(after[k])) for k in before)
 
 
+@pytest.mark.slow
 def test_padded_shapes_learn_what_exact_ones_do_and_meet_few_shapes(make_tiny, monkeypatch):
     """On CUDA (`kv_pad` 64) the learner rounds its shapes up: attention graphs are built
     per exact shape there. Padding must change nothing but the shapes: the same steps give

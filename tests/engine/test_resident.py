@@ -68,6 +68,7 @@ OFTEN = ModeTuning(retry=8, retry_max=8)  # a trial every 8 steps: every kind ru
         ("8", None, False, 3),
     ],
 )
+@pytest.mark.slow
 def test_resident_greedy_output_is_plain_greedy(
     make_tiny, adapter_home, tmp_path, monkeypatch, pad, vocab, modes, k
 ):
@@ -429,6 +430,7 @@ def test_auto_tries_the_loop_beside_host_synced_drafting_and_plain_steps(
 
 
 @pytest.mark.parametrize("resident", [True, False])
+@pytest.mark.slow
 def test_each_kind_of_step_drafts_with_its_own_drafters(make_tiny, tmp_path, monkeypatch, resident):
     """Under `auto`, where the step modes weigh the head's loop as a kind of its own, the
     `draft` kind's host-synced steps choose among prompt lookup and the suffix index, and

@@ -72,6 +72,7 @@ def _requests(target, constrained=(0, 1, 3), max_tokens=150):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_constrained_greedy_equals_the_step_by_step_reference(drafter, make_tiny):
     """Five requests through three rows (rows join mid-batch), rows with and without a
@@ -107,6 +108,7 @@ def test_forced_tokens_are_drafted_and_accepted(make_tiny):
     assert sum(len(r.tokens) for r in got) / steps > 2.0  # forced keys and punctuation
 
 
+@pytest.mark.slow
 def test_penalties_bias_logprobs_stop_and_n_beside_a_grammar(make_tiny):
     """Each alongside the grammar, through `auto`: equal to the same request through plain
     decoding (`none`), and the answers still parse."""
@@ -162,6 +164,7 @@ def _enum_probs(target, prompt):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["none", "ngram", "auto"])
 def test_sampled_constrained_rows_follow_the_masked_distribution(drafter, make_tiny):
     """Three rows with different prompts share each batch; per row, the answer's

@@ -96,6 +96,7 @@ def _fmt(schema):
     return {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
 
 
+@pytest.mark.slow
 def test_every_answer_validates_and_auto_equals_none(smollm2):
     reqs = [
         (

@@ -307,6 +307,7 @@ def _labeling_job(model: LoadedModel, n: int):
     return reqs
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_suffix_and_auto_equal_plain_greedy_and_later_items_accept_more():
     from core.benchmark import GAP_BUG, first_difference, top_gap

@@ -19,7 +19,7 @@ from tests.worker.service import Store, Worker, service_env, unique_model
 from .flow import request_line, write_jsonl
 from .server import Server
 
-pytestmark = pytest.mark.service
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 CHARTS = ("chart-acceptance", "chart-positions", "chart-time", "chart-workers", "chart-wait")
@@ -59,6 +59,7 @@ def wait_for(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_dashboard_shows_live_progress_and_job_figures(browser, tmp_path):
     from openai import OpenAI
     from selenium.webdriver.common.by import By

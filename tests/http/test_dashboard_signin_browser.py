@@ -17,6 +17,7 @@ from .test_dashboard_browser import browser, wait_for  # noqa: F401 - the fixtur
 pytestmark = pytest.mark.service
 
 
+@pytest.mark.slow
 def test_a_browser_signs_in_with_a_key_and_sees_its_own_batches(browser, tmp_path):  # noqa: F811
     from selenium.webdriver.common.by import By
 

@@ -56,6 +56,7 @@ def error_of(e: openai.APIStatusError) -> dict:
     return body["error"]
 
 
+@pytest.mark.slow
 def test_a_second_key_sees_nothing_of_the_first(farm):
     owner, other = farm.client(), farm.client(farm.new_key("other team"))
     file = upload(owner, jsonl(LINE))
@@ -86,6 +87,7 @@ def test_a_second_key_sees_nothing_of_the_first(farm):
     assert owner.files.content(finished.output_file_id).text.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_no_key_unknown_key_and_revoked_key_get_401(farm):
     for headers in ({}, {"Authorization": "Bearer as-not-a-key"}, {"Authorization": "Basic x"}):
         r = httpx.get(farm.base_url + "/batches", headers=headers, timeout=10)
@@ -141,6 +143,7 @@ def test_a_huge_body_is_refused_before_it_is_read(farm):
     assert r.status_code == 413 and r.json()["error"]["code"] == "file_too_large"
 
 
+@pytest.mark.slow
 def test_bad_batch_requests(farm):
     client = farm.client()
     good = upload(client, jsonl(LINE))

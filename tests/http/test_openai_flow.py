@@ -104,6 +104,7 @@ def test_documented_batch_flow(farm, finished):
     assert cli_out.read_text() == output
 
 
+@pytest.mark.slow
 def test_cancel(farm):
     client = farm.client()
     total = 80

@@ -20,6 +20,7 @@ from .server import Server
 pytestmark = pytest.mark.service
 
 
+@pytest.mark.slow
 def test_a_pipeline_needs_only_the_url_and_a_key(tmp_path, monkeypatch, capsys):
     db = f"sqlite:///{tmp_path / 'store.db'}"
     model = unique_model()

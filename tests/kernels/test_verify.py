@@ -177,6 +177,7 @@ def _assert_matches(samples: np.ndarray, probs: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["deterministic", "iid", "without_replacement"])
+@pytest.mark.slow
 def test_sampling_matches_target_distribution(mode):
     """Emitted tokens follow the target: the first ~ P0, the next after node x ~ PN[x].
 

@@ -144,6 +144,7 @@ def test_unknown_job(sessions):
         repo.job_summary(s, "batch_nope")
 
 
+@pytest.mark.slow
 def test_a_large_job_is_stored_and_queued_whole(sessions):
     """33k lines, past SQLite's default cap of 32766 bound parameters per statement (this
     machine's SQLite allows more, so the cap itself is not exercised here): every item is

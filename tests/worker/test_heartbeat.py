@@ -42,6 +42,7 @@ def _expiry(sessions, item_id):
         return repo.aware(s.get(Item, item_id).lease_expires_at)
 
 
+@pytest.mark.slow
 def test_the_thread_keeps_held_leases_alive_and_lets_dropped_ones_expire(store):
     sessions, ids, _ = store
     beat = Heartbeat(sessions, ME, lease_s=1.0, interval=0.1)

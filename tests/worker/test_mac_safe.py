@@ -32,7 +32,7 @@ from tests.worker.service import (
 )
 from worker.app import queue_name
 
-pytestmark = pytest.mark.service
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 def _maps_mlx(pid: int) -> bool:
@@ -74,6 +74,7 @@ def _run_one_job(tmp_path, extra: tuple[str, ...]):
         redis.Redis.from_url(SHARED_REDIS).delete(queue_name(model))
 
 
+@pytest.mark.slow
 def test_the_parent_of_a_prefork_pool_never_loads_mlx(tmp_path):
     for worker in _run_one_job(tmp_path, ("--pool", "prefork")):
         children = _children(worker.pid)
@@ -82,6 +83,7 @@ def test_the_parent_of_a_prefork_pool_never_loads_mlx(tmp_path):
         assert any(_maps_mlx(c) for c in children), "no pool process loaded MLX"
 
 
+@pytest.mark.slow
 def test_a_solo_pool_runs_the_job_in_one_process_that_never_forks(tmp_path):
     for worker in _run_one_job(tmp_path, ("--pool", "solo")):
         assert _children(worker.pid) == []  # no pool process: the model runs here

@@ -30,7 +30,7 @@ from .service import (
     write_prompts,
 )
 
-pytestmark = pytest.mark.service
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 CHUNK_LINE = re.compile(r"chunk of (\d+): (\{[^}]*\})")
 
@@ -53,6 +53,7 @@ def _pids(worker: Worker) -> set[int]:
     return {int(p) for p in os.listdir("/proc") if p.isdigit() and worker.owns(int(p))}
 
 
+@pytest.mark.slow
 def test_sigkilled_worker_with_default_settings_loses_nothing_and_runs_nothing_twice(tmp_path):
     """Default visibility timeout (1 h), lease, heartbeat and sweep interval: the dead worker's
     chunk comes back through its expired leases, well within 2 minutes of the kill."""
@@ -126,6 +127,7 @@ with create_app().connection_for_read() as conn:
 """
 
 
+@pytest.mark.slow
 def test_a_chunk_whose_worker_died_before_leasing_it_is_queued_again(tmp_path):
     """Redis keeps a delivered chunk unacknowledged for the visibility timeout (an hour): a
     worker that dies after receiving it and before leasing its items would leave them pending
@@ -171,6 +173,7 @@ def test_a_chunk_whose_worker_died_before_leasing_it_is_queued_again(tmp_path):
         store.dispose()
 
 
+@pytest.mark.slow
 def test_a_chunk_delivered_again_while_its_items_run_is_not_run_twice(tmp_path):
     """A worker acknowledges a chunk once it has leased its items and handed them to its
     engine; a second delivery of the same chunk (the broker's visibility timeout, or a
@@ -220,6 +223,7 @@ def test_a_chunk_delivered_again_while_its_items_run_is_not_run_twice(tmp_path):
         store.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["main", "group"])
 def test_warm_shutdown_finishes_the_rows_in_progress_and_hands_the_rest_back(tmp_path, target):
     """SIGTERM to a worker's main process (`kill PID`) or to its whole process group
@@ -268,6 +272,7 @@ def test_warm_shutdown_finishes_the_rows_in_progress_and_hands_the_rest_back(tmp
         store.dispose()
 
 
+@pytest.mark.slow
 def test_a_deleted_sqlite_database_stops_the_worker_instead_of_writing_into_it(tmp_path):
     db_path = tmp_path / "gone.db"
     db = f"sqlite:///{db_path}"

@@ -27,7 +27,7 @@ from .service import (
     write_prompts,
 )
 
-pytestmark = pytest.mark.service
+pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,7 @@ def farm(tmp_path_factory):
         store.dispose()
 
 
+@pytest.mark.slow
 def test_submit_wait_results(farm):
     env, model, store, tmp = farm
     lines, expected = mixed_lines()
@@ -105,6 +106,7 @@ def test_submit_reports_bad_lines_like_run(farm):
     CliRunner(env=env).invoke(cli, ["wait", job["id"], "--timeout", "120"])
 
 
+@pytest.mark.slow
 def test_poison_item_is_capped_and_fails_alone(farm):
     env, model, store, tmp = farm
     path = write_prompts(tmp / "poison.jsonl", ["a", "poison", "b", "c"], max_tokens=4)
@@ -140,6 +142,7 @@ def test_poison_item_is_capped_and_fails_alone(farm):
     assert store.job(job_id).status == "completed"
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_remaining_items(tmp_path):
     """Two rows at a time: a cancel stops the rows in flight and everything still queued,
     on the broker or in the worker's engine."""
@@ -182,6 +185,7 @@ def _cancel_mid_job(env, model, store, tmp):
     assert waited.exit_code == 1
 
 
+@pytest.mark.slow
 def test_redis_restart_mid_job_still_completes(tmp_path):
     """Our own Redis without persistence, killed and restarted: queued chunks are lost and
     the workers' sweep re-enqueues them (new broker epoch)."""
@@ -249,6 +253,7 @@ def test_python_client_submit_wait_iterate(farm, monkeypatch):
     assert lines[3]["error"]["code"] == "duplicate_custom_id"
 
 
+@pytest.mark.slow
 def test_wait_warns_when_no_worker_consumes_the_queue(tmp_path, monkeypatch):
     import redis
 
@@ -279,6 +284,7 @@ def test_wait_warns_when_no_worker_consumes_the_queue(tmp_path, monkeypatch):
         redis.Redis.from_url(env["APPLESPEC_BROKER_URL"]).delete(queue_name(model))
 
 
+@pytest.mark.slow
 def test_two_workers_on_postgresql(postgres_url, tmp_path):
     """The farm setup: PostgreSQL store, two workers sharing one job's queue."""
     env = service_env(postgres_url)
@@ -306,6 +312,7 @@ def test_two_workers_on_postgresql(postgres_url, tmp_path):
         store.dispose()
 
 
+@pytest.mark.slow
 def test_a_workers_self_drafter_learns_while_the_job_runs(tmp_path):
     """`--draft adapter:1` with nothing stored: the worker's adapter starts untrained and
     learns from the job's rows (APPLESPEC_LEARN_SHARE=1). Each item's metrics carry the
