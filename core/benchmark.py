@@ -496,13 +496,14 @@ def _curve(per_item: list[float], bins: int = 8) -> dict:
 
 def valid_answers(target: LoadedModel, items: list[Item], outputs: list[list[int]]) -> int:
     """Answers of the constrained items that parse as JSON and validate under their schema
-    (the `jsonschema` package; `json_object`: any object)."""
+    (the `jsonschema` package; `json_object`: any object). `outputs` may cover the first
+    items only (a reference row run on `--reference-items`)."""
     import jsonschema
 
     from core.engine.grammar import schema_of
 
     valid = 0
-    for it, out in zip(items, outputs, strict=True):
+    for it, out in zip(items[: len(outputs)], outputs, strict=True):
         if not it.response_format:
             continue
         try:

@@ -207,12 +207,8 @@ def test_repeat_times_every_configuration_in_rounds_and_gives_the_ratios_per_rou
     assert "tok/s by round" in format_table(res) and "median" in format_table(res)
 
 
-@pytest.mark.slow
-def test_response_format_lines_are_benched_constrained(tmp_path, monkeypatch):
-    """A job with a schema: every row (mlx-lm's through llguidance's logits processor) gives
-    the constrained reference's tokens, answers are counted valid, `ours_batched_free` drops
-    the schema and is not compared."""
-    monkeypatch.setattr("core.engine.engine.load_or_measure", lambda *a, **k: CostSurface.flat())
+def _structured_job(tmp_path):
+    """The bench job with one schema on every line, and the tiny model it is read for."""
     schema = {
         "type": "object",
         "properties": {"label": {"enum": ["red", "blue"]}, "n": {"type": "integer", "maximum": 9}},
@@ -228,7 +224,16 @@ def test_response_format_lines_are_benched_constrained(tmp_path, monkeypatch):
     path = tmp_path / "structured.jsonl"
     path.write_text("\n".join(lines) + "\n")
     target = load_tiny("tiny-random:0")
-    items = load_job(target, path, None)
+    return target, load_job(target, path, None)
+
+
+@pytest.mark.slow
+def test_response_format_lines_are_benched_constrained(tmp_path, monkeypatch):
+    """A job with a schema: every row (mlx-lm's through llguidance's logits processor) gives
+    the constrained reference's tokens, answers are counted valid, `ours_batched_free` drops
+    the schema and is not compared."""
+    monkeypatch.setattr("core.engine.engine.load_or_measure", lambda *a, **k: CostSurface.flat())
+    target, items = _structured_job(tmp_path)
     assert all(it.response_format for it in items)
     res = run_bench(
         target,
@@ -245,3 +250,25 @@ def test_response_format_lines_are_benched_constrained(tmp_path, monkeypatch):
     assert rows["ours_batched_2"]["forced_tokens"] > 0
     assert rows["ours_batched_free_2"]["identical_rows"] is None
     assert "valid 5/5" in format_table(res)
+
+
+def test_a_structured_job_checked_on_its_first_items_counts_each_rows_valid_answers(
+    tmp_path, monkeypatch
+):
+    """With the single-row reference run on the first items only (and not asked for as a row
+    of its own), the reference row counts the valid answers among those, the batched rows
+    among all."""
+    monkeypatch.setattr("core.engine.engine.load_or_measure", lambda *a, **k: CostSurface.flat())
+    target, items = _structured_job(tmp_path)
+    res = run_bench(
+        target,
+        items,
+        our_batches=[2],
+        configs={"ours_batched"},
+        reference="ours_single",
+        reference_items=2,
+    )
+    rows = {r["name"]: r for r in res["rows"] if "config" not in r}
+    assert rows["ours_single"]["valid_answers"] == 2
+    assert rows["ours_batched_2"]["valid_answers"] == 5
+    assert rows["ours_batched_2"]["identical_rows"] == 2
